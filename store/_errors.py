@@ -1,0 +1,135 @@
+"""One error root for the whole project.
+
+Each class carries what the edges need: ``code`` (kebab-case, matched by scripts and
+sent on the control socket), ``exit_code`` (the CLI's contract: 1 partial, 2 could not
+run, 3 usage), ``errno`` (what a FUSE handler answers) and ``traceback`` (whether a
+traceback would help the user).  Errors become errnos only at the FUSE boundary and
+exit codes only in the CLI's ``main()``.  The docstring's first line is the message
+template, formatted with the keyword arguments given at raise time.
+"""
+
+from __future__ import annotations
+
+import errno as _errno
+
+EXIT_DONE = 0
+EXIT_PARTIAL = 1
+EXIT_COULD_NOT_RUN = 2
+EXIT_USAGE = 3
+
+
+class RewindfsError(Exception):
+    """{message}"""
+
+    code = "error"
+    exit_code = EXIT_COULD_NOT_RUN
+    errno = _errno.EIO
+    traceback = False
+
+    def __init__(self, message: str | None = None, **details):
+        self.details = details
+        if message is None:
+            template = (self.__doc__ or "{message}").strip().splitlines()[0]
+            try:
+                message = template.format(**details)
+            except (KeyError, IndexError):
+                message = template
+        self.message = message
+        super().__init__(message)
+
+    def to_dict(self) -> dict:
+        """The protocol's error object."""
+        return {"code": self.code, "message": self.message}
+
+
+class StoreError(RewindfsError):
+    """The store failed: {message}"""
+
+    code = "store-error"
+    traceback = True
+
+
+class StoreFull(StoreError):
+    """The store has no room left ({message}); free space or run `rewindfs gc`."""
+
+    code = "store-full"
+    errno = _errno.ENOSPC
+    traceback = False
+
+
+class BlobMissing(StoreError):
+    """Blob {key} is missing from the store."""
+
+    code = "blob-missing"
+    traceback = False
+
+
+class BlobCorrupt(StoreError):
+    """Blob {key} is corrupt: {reason}."""
+
+    code = "blob-corrupt"
+    traceback = False
+
+
+class SchemaTooNew(StoreError):
+    """The store at {path} was written by a newer rewindfs (schema {found}, this one reads {supported}); upgrade rewindfs."""
+
+    code = "schema-too-new"
+    traceback = False
+
+
+class StoreInsideWorkspace(RewindfsError):
+    """The store {store} lies inside the workspace {workspace}; put it elsewhere (--store or $REWINDFS_HOME)."""
+
+    code = "store-inside-workspace"
+
+
+class BadPath(RewindfsError):
+    """Bad path {path!r}: {reason}."""
+
+    code = "bad-path"
+    exit_code = EXIT_USAGE
+    errno = _errno.EINVAL
+
+
+class PathEscape(BadPath):
+    """Path {path!r} escapes the workspace: {reason}."""
+
+    code = "path-escape"
+    errno = _errno.EACCES
+
+
+class BadPoint(RewindfsError):
+    """{point!r} is a relative point; name an absolute turn number or an epoch id (see `rewindfs log`)."""
+
+    code = "relative-point"
+    exit_code = EXIT_USAGE
+
+
+class UnknownPoint(RewindfsError):
+    """No point {point!r} in this workspace (see `rewindfs log`)."""
+
+    code = "unknown-point"
+
+
+class TurnOpen(RewindfsError):
+    """Turn {turn} of session {session} is still open; end it first or pass --force."""
+
+    code = "turn-open"
+
+
+class NothingToRedo(RewindfsError):
+    """Nothing to redo: no rewind{scope} yet."""
+
+    code = "nothing-to-redo"
+
+
+def all_error_classes() -> list[type[RewindfsError]]:
+    """Every error class defined anywhere in the project (for the exit-code table)."""
+    seen: list[type[RewindfsError]] = []
+    todo = [RewindfsError]
+    while todo:
+        cls = todo.pop()
+        seen.append(cls)
+        todo.extend(cls.__subclasses__())
+    return seen
