@@ -1,0 +1,27 @@
+"""The on-disk store: an LMDB index and content-addressed blobs (pure data: no FUSE,
+no trio, never touches a workspace).  See docs/architecture.md for the contract and
+docs/store.md for the on-disk layout, durability and measurements."""
+
+from ._blob import BlobCollision
+from ._check import FsckReport, Problem
+from ._epoch import Epoch
+from ._errors import (
+    BadPath, BadPoint, BlobCorrupt, BlobMissing, NothingToRedo, PathEscape,
+    RewindfsError, SchemaTooNew, StoreError, StoreFull, StoreInsideWorkspace, TurnOpen,
+    UnknownPoint,
+)
+from ._gc import GcReport
+from ._journal import EpochClosed
+from ._location import default_store_path
+from ._plan import Action, Plan
+from ._preimage import PreImage, check_relpath
+from ._session import AmbiguousPoint, BadSession, SessionConflict
+from ._store import Store
+
+__all__ = [
+    "Action", "AmbiguousPoint", "BadPath", "BadPoint", "BadSession", "BlobCollision",
+    "BlobCorrupt", "BlobMissing", "Epoch", "EpochClosed", "FsckReport", "GcReport",
+    "NothingToRedo", "PathEscape", "Plan", "PreImage", "Problem", "RewindfsError",
+    "SchemaTooNew", "SessionConflict", "Store", "StoreError", "StoreFull", "StoreInsideWorkspace", "TurnOpen", "UnknownPoint",
+    "check_relpath", "default_store_path",
+]

@@ -1,0 +1,295 @@
+"""Content-addressed blobs: key = xxh3-128 of the content.
+
+Contract:
+
+- ``put_fd`` streams with ``pread`` from offset 0 in ``CHUNK`` pieces; at most
+  ``INLINE_MAX`` bytes are ever buffered, so a 2 GiB file never sits in memory.
+- Blobs up to ``INLINE_MAX`` bytes live inside LMDB; larger ones are files
+  ``blobs/ab/cdef…`` written to a unique temp name, fsynced, renamed and the shard
+  directory fsynced — all *before* the index entry is committed, so an entry never
+  names a file that is not durable.  (A crash in between leaves an orphan file; gc
+  removes it after the grace period, fsck reports it.)
+- A key that already exists is trusted only after its size and bytes match the new
+  content (collision-safe dedup).  If the existing blob no longer matches its own key
+  (corrupt) the new content repairs it; if it matches its key but differs from the new
+  content (a real xxh3-128 collision) ``BlobCollision`` is raised and nothing changes.
+- Every put (new or dedup hit) sets the entry's ``touched_ns``, which gc's grace period
+  is measured from: a capture in flight (blob put, journal entry not yet recorded) is
+  never collected.
+- Reading verifies size and hash: ``BlobMissing`` / ``BlobCorrupt``.
+
+The rename of a new blob file and its index entry happen inside one write transaction,
+and gc unlinks a file only while holding the write lock with the entry absent, so a put
+and a gc of the same key can never interleave into a dangling entry.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import time
+
+import xxhash
+
+from . import _schema as S
+from . import _txn
+from ._errors import BlobCorrupt, BlobMissing, StoreError
+
+log = logging.getLogger(__name__)
+
+CHUNK = 1 << 20
+# Measured with scripts/bench_store.py (see docs/store.md): below this size a blob is
+# cheaper inside LMDB than as its own fsynced file.
+INLINE_MAX = 1 << 20
+
+_counter = itertools.count()
+
+
+class BlobCollision(StoreError):
+    """Two different contents share the blob key {key} (xxh3-128 collision); nothing was stored."""
+
+    code = "blob-collision"
+
+
+class BlobArea:
+    """Blob payloads of one store: the ``blobs`` database plus the sharded directory."""
+
+    def __init__(self, env, db, root: str):
+        self.env, self.db, self.root = env, db, root
+        self.tmp_dir = os.path.join(root, "tmp")
+        # the store holds copies of the user's files: private to the user
+        os.makedirs(root, mode=0o700, exist_ok=True)
+        os.makedirs(self.tmp_dir, mode=0o700, exist_ok=True)
+
+    # -- paths --------------------------------------------------------------------
+    def file_path(self, key: bytes) -> str:
+        h = key.hex()
+        return os.path.join(self.root, h[:2], h[2:])
+
+    def _temp_path(self) -> str:
+        name = f"{os.getpid()}-{next(_counter)}-{os.urandom(4).hex()}.tmp"
+        return os.path.join(self.tmp_dir, name)
+
+    # -- writing ------------------------------------------------------------------
+    def put_fd(self, fd: int) -> tuple[bytes, int]:
+        """Store the content of ``fd`` (read from offset 0 to EOF); return (key, size)."""
+        with _txn.translate():
+            h = xxhash.xxh3_128()
+            chunks: list[bytes] = []
+            off, tmp_fd, tmp_path = 0, None, None
+            try:
+                while chunk := os.pread(fd, CHUNK, off):
+                    h.update(chunk)
+                    off += len(chunk)
+                    if tmp_fd is None:
+                        chunks.append(chunk)
+                        if off > INLINE_MAX:
+                            tmp_path = self._temp_path()
+                            tmp_fd = os.open(tmp_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                            for c in chunks:
+                                _write_all(tmp_fd, c)
+                            chunks = []
+                    else:
+                        _write_all(tmp_fd, chunk)
+                if tmp_fd is None:
+                    return self._commit_inline(h.digest(), b"".join(chunks))
+                os.fsync(tmp_fd)
+            except BaseException:
+                if tmp_path is not None:
+                    _unlink_quiet(tmp_path)
+                raise
+            finally:
+                if tmp_fd is not None:
+                    os.close(tmp_fd)
+            return self._commit_file(h.digest(), off, tmp_path)
+
+    def put_bytes(self, data: bytes) -> tuple[bytes, int]:
+        """Store ``data``; return (key, size)."""
+        data = bytes(data)
+        key = xxhash.xxh3_128(data).digest()
+        with _txn.translate():
+            if len(data) <= INLINE_MAX:
+                return self._commit_inline(key, data)
+            tmp_path = self._temp_path()
+            try:
+                fd = os.open(tmp_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                try:
+                    _write_all(fd, data)
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+            except BaseException:
+                _unlink_quiet(tmp_path)
+                raise
+            return self._commit_file(key, len(data), tmp_path)
+
+    def _commit_inline(self, key: bytes, data: bytes) -> tuple[bytes, int]:
+        with _txn.write(self.env) as txn:
+            raw = txn.get(key, db=self.db)
+            if raw is not None and not self._accept_existing(key, S.unpack(raw), len(data), data, None):
+                self._drop_file(key, S.unpack(raw))
+                raw = None
+            if raw is None:
+                txn.put(key, S.pack([len(data), S.INLINE, time.time_ns(), data]), db=self.db)
+            else:
+                self._touch(txn, key, S.unpack(raw))
+        return key, len(data)
+
+    def _commit_file(self, key: bytes, size: int, tmp_path: str) -> tuple[bytes, int]:
+        try:
+            with _txn.write(self.env) as txn:
+                raw = txn.get(key, db=self.db)
+                if raw is not None and self._accept_existing(key, S.unpack(raw), size, None, tmp_path):
+                    self._touch(txn, key, S.unpack(raw))
+                    return key, size
+                final = self.file_path(key)
+                os.makedirs(os.path.dirname(final), exist_ok=True)
+                os.rename(tmp_path, final)
+                tmp_path = None
+                _fsync_dir(os.path.dirname(final))
+                txn.put(key, S.pack([size, S.FILE, time.time_ns(), None]), db=self.db)
+            return key, size
+        finally:
+            if tmp_path is not None:
+                _unlink_quiet(tmp_path)
+
+    def _accept_existing(self, key, entry, size, data, path) -> bool:
+        """True if the stored blob equals the new content; False if it is corrupt
+        (then the new content replaces it); raise ``BlobCollision`` on a real collision."""
+        if entry[0] == size and self._same_content(key, entry, data, path):
+            return True
+        try:
+            self._verified_bytes_iter_check(key, entry)
+        except (BlobCorrupt, BlobMissing):
+            log.warning("blob %s was corrupt; replaced by a fresh copy", key.hex())
+            return False
+        raise BlobCollision(key=key.hex())
+
+    def _same_content(self, key, entry, data, path) -> bool:
+        new = _iter_bytes(data) if data is not None else _iter_file(path)
+        try:
+            old = self._iter_raw(key, entry)
+            return _streams_equal(old, new)
+        except BlobMissing:
+            return False
+
+    def _touch(self, txn, key, entry) -> None:
+        entry[2] = time.time_ns()
+        txn.put(key, S.pack(entry), db=self.db)
+
+    def _drop_file(self, key, entry) -> None:
+        if entry[1] == S.FILE:
+            _unlink_quiet(self.file_path(key))
+
+    # -- reading ------------------------------------------------------------------
+    def entry(self, key: bytes):
+        with _txn.read(self.env) as txn:
+            raw = txn.get(key, db=self.db)
+        if raw is None:
+            raise BlobMissing(key=key.hex())
+        return S.unpack(raw)
+
+    def _iter_raw(self, key: bytes, entry):
+        if entry[1] == S.INLINE:
+            return _iter_bytes(entry[3])
+        path = self.file_path(key)
+        try:
+            return _iter_file(path)
+        except FileNotFoundError:
+            raise BlobMissing(key=key.hex()) from None
+
+    def iter_verified(self, key: bytes, entry=None):
+        """Yield the blob's chunks; after the last one, raise if size or hash is wrong.
+
+        A consumer that writes chunks as they come must treat its output as invalid when
+        this raises (the restore engine writes to a temp name, so nothing lands).
+        """
+        entry = entry if entry is not None else self.entry(key)
+        h, n = xxhash.xxh3_128(), 0
+        with _txn.translate():
+            for chunk in self._iter_raw(key, entry):
+                h.update(chunk)
+                n += len(chunk)
+                yield chunk
+        if n != entry[0]:
+            raise BlobCorrupt(key=key.hex(), reason=f"size {n}, expected {entry[0]}")
+        if h.digest() != key:
+            raise BlobCorrupt(key=key.hex(), reason="content does not match its hash")
+
+    def _verified_bytes_iter_check(self, key, entry) -> None:
+        for _ in self.iter_verified(key, entry):
+            pass
+
+    def read(self, key: bytes) -> bytes:
+        return b"".join(self.iter_verified(key))
+
+    def copy_to_fd(self, key: bytes, fd: int) -> int:
+        n = 0
+        with _txn.translate():
+            for chunk in self.iter_verified(key):
+                _write_all(fd, chunk)
+                n += len(chunk)
+        return n
+
+    def check(self, key: bytes) -> None:
+        """Raise ``BlobMissing``/``BlobCorrupt`` unless the blob reads back intact."""
+        self._verified_bytes_iter_check(key, self.entry(key))
+
+
+def _write_all(fd: int, data) -> None:
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        view = view[n:]
+
+
+def _iter_bytes(data: bytes):
+    for i in range(0, len(data), CHUNK):
+        yield data[i:i + CHUNK]
+
+
+def _iter_file(path: str):
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+
+    def gen():
+        try:
+            off = 0
+            while chunk := os.pread(fd, CHUNK, off):
+                off += len(chunk)
+                yield chunk
+        finally:
+            os.close(fd)
+    return gen()
+
+
+def _streams_equal(a, b) -> bool:
+    """Compare two chunk streams byte for byte, whatever their chunking."""
+    buf_a = buf_b = b""
+    a, b = iter(a), iter(b)
+    while True:
+        if not buf_a:
+            buf_a = next(a, b"")
+        if not buf_b:
+            buf_b = next(b, b"")
+        if not buf_a or not buf_b:
+            return not buf_a and not buf_b
+        n = min(len(buf_a), len(buf_b))
+        if buf_a[:n] != buf_b[:n]:
+            return False
+        buf_a, buf_b = buf_a[n:], buf_b[n:]
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _unlink_quiet(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass

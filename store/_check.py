@@ -1,0 +1,147 @@
+"""fsck: the store's own consistency check.
+
+Checks, each reported as a typed ``Problem(code, message, paths)``:
+
+- every blob entry reads back with the right size and hash (``blob-corrupt``,
+  ``blob-missing``), naming the journal paths whose pre-images depend on it;
+- every file pre-image names a blob that has an entry (``missing-blob-ref``);
+- journal and per-path index agree entry for entry (``index-mismatch``), and every
+  journal entry belongs to an existing epoch of its workspace (``dangling-journal``);
+- each workspace has at most one open epoch, its newest (``epoch-state``), and the next
+  epoch id is above every existing one (``epoch-counter``);
+- orphans: blobs no journal entry references (``orphan-blob``) and blob files without an
+  entry (``orphan-file``) are *warnings* — normal for a capture in flight or after a
+  crash; gc collects them.
+
+``FsckReport.ok`` is true when there is no error-severity problem.  fsck only reads.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from . import _epoch, _gc
+from . import _schema as S
+from ._errors import BlobCorrupt, BlobMissing
+
+WARNINGS = {"orphan-blob", "orphan-file"}
+
+
+@dataclass(frozen=True)
+class Problem:
+    code: str
+    message: str
+    paths: tuple[bytes, ...] = ()
+
+    @property
+    def severity(self) -> str:
+        return "warning" if self.code in WARNINGS else "error"
+
+    def to_dict(self) -> dict:
+        return {"code": self.code, "severity": self.severity, "message": self.message,
+                "paths": [os.fsdecode(p) for p in self.paths]}
+
+
+@dataclass
+class FsckReport:
+    problems: list[Problem] = field(default_factory=list)
+    blobs_checked: int = 0
+    entries_checked: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return not any(p.severity == "error" for p in self.problems)
+
+    @property
+    def errors(self) -> list[Problem]:
+        return [p for p in self.problems if p.severity == "error"]
+
+    def to_dict(self) -> dict:
+        return {"ok": self.ok, "blobs_checked": self.blobs_checked,
+                "entries_checked": self.entries_checked,
+                "problems": [p.to_dict() for p in self.problems]}
+
+
+def check(store) -> FsckReport:
+    report = FsckReport()
+    db = store._db
+    with store._r() as txn:
+        refs = _gc.referenced_blobs(txn, db)
+        blobs = {bytes(k): S.unpack(v) for k, v in txn.cursor(db=db["blobs"])}
+        _check_journal(txn, db, report)
+        _check_epochs(txn, db, report)
+    _check_blobs(store, blobs, refs, report)
+    return report
+
+
+def _check_blobs(store, blobs, refs, report) -> None:
+    for key, entry in blobs.items():
+        report.blobs_checked += 1
+        paths = tuple(refs.get(key, ()))
+        try:
+            _verify(store, key, entry)
+        except BlobCorrupt as exc:
+            report.problems.append(Problem("blob-corrupt", exc.message, paths))
+        except BlobMissing as exc:
+            report.problems.append(Problem("blob-missing", exc.message, paths))
+        if key not in refs:
+            report.problems.append(Problem("orphan-blob", f"blob {key.hex()} is unreferenced"))
+    for key, paths in refs.items():
+        if key not in blobs:
+            report.problems.append(Problem(
+                "missing-blob-ref", f"pre-images name blob {key.hex()}, which is not stored",
+                tuple(paths)))
+    for key, path in _gc.blob_files(store.blobs.root):
+        if key not in blobs or blobs[key][1] != S.FILE:
+            report.problems.append(Problem("orphan-file", f"blob file {path} has no entry"))
+
+
+def _verify(store, key, entry) -> None:
+    for _ in store.blobs.iter_verified(key, entry):
+        pass
+
+
+def _check_journal(txn, db, report) -> None:
+    epochs: dict[int, _epoch.Epoch | None] = {}
+    seen = set()
+    for key, raw in txn.cursor(db=db["journal"]):
+        report.entries_checked += 1
+        ws, eid = S.read_u32(key), S.read_u64(key, 4)
+        fields, full = S.unpack(raw)
+        path = full if full is not None else bytes(key[12:])
+        if eid not in epochs:
+            epochs[eid] = _epoch.get(txn, db, eid)
+        e = epochs[eid]
+        if e is None or e.workspace != ws:
+            report.problems.append(Problem(
+                "dangling-journal", f"journal entry for unknown epoch {eid}", (path,)))
+        tkey = S.touched_key(ws, path, eid)
+        seen.add(tkey)
+        if txn.get(tkey, db=db["touched"]) is None:
+            report.problems.append(Problem(
+                "index-mismatch", f"epoch {eid}: journal entry missing from the path index",
+                (path,)))
+    for key in txn.cursor(db=db["touched"]).iternext(values=False):
+        if bytes(key) not in seen:
+            report.problems.append(Problem(
+                "index-mismatch", "path index entry without a journal entry",
+                (bytes(key[4:-9]),)))
+
+
+def _check_epochs(txn, db, report) -> None:
+    next_id = S.unpack(txn.get(b"next_epoch", db=db["meta"]))
+    for ws_key in txn.cursor(db=db["ws_paths"]).iternext(values=False):
+        ws = S.read_u32(ws_key)
+        epochs = _epoch.all_of(txn, db, ws)
+        for e in epochs:
+            if e is None:
+                report.problems.append(Problem("epoch-state", f"workspace {ws}: missing epoch"))
+                continue
+            if e.id >= next_id:
+                report.problems.append(Problem(
+                    "epoch-counter", f"epoch {e.id} is not below the next id {next_id}"))
+        open_ = [e.id for e in epochs if e is not None and e.ended_ns is None]
+        if open_ and (len(open_) > 1 or open_[0] != epochs[-1].id):
+            report.problems.append(Problem(
+                "epoch-state", f"workspace {ws}: open epochs {open_}, newest {epochs[-1].id}"))

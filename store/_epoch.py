@@ -1,0 +1,125 @@
+"""Epochs: numbered spans of one workspace's history.
+
+Contract: epoch ids are allocated from ``meta/next_epoch`` inside the same write
+transaction that creates the epoch, so ids strictly increase across the whole store
+even with several processes writing.  A workspace's newest epoch is always its open
+one (``ended_ns is None``); every other epoch is closed.  Opening an epoch closes the
+previous one in the same transaction.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+
+from . import _schema as S
+from ._errors import UnknownPoint
+
+KINDS = ("turn", "idle", "rewind")
+
+
+@dataclass(frozen=True)
+class Epoch:
+    id: int
+    workspace: int
+    kind: str
+    session: str | None
+    turn: int | None
+    label: str
+    started_ns: int
+    ended_ns: int | None
+    paths: int
+    bytes: int
+    target: int | None
+
+    @property
+    def is_open(self) -> bool:
+        return self.ended_ns is None
+
+
+def _encode(e: Epoch) -> bytes:
+    return S.pack([e.workspace, e.kind, e.session, e.turn, e.label, e.started_ns,
+                   e.ended_ns, e.paths, e.bytes, e.target])
+
+
+def _decode(epoch_id: int, raw) -> Epoch:
+    ws, kind, session, turn, label, started, ended, paths, nbytes, target = S.unpack(raw)
+    return Epoch(epoch_id, ws, kind, session, turn, label, started, ended, paths, nbytes, target)
+
+
+def get(txn, db, epoch_id: int) -> Epoch | None:
+    raw = txn.get(S.u64(epoch_id), db=db["epochs"])
+    return None if raw is None else _decode(epoch_id, raw)
+
+
+def get_in(txn, db, ws: int, epoch_id: int) -> Epoch:
+    """The epoch, which must belong to ``ws``; else ``UnknownPoint``."""
+    e = get(txn, db, epoch_id) if isinstance(epoch_id, int) and 0 <= epoch_id < 1 << 64 else None
+    if e is None or e.workspace != ws:
+        raise UnknownPoint(point=epoch_id)
+    return e
+
+
+def put(txn, db, e: Epoch) -> None:
+    txn.put(S.u64(e.id), _encode(e), db=db["epochs"])
+
+
+def last(txn, db, ws: int) -> Epoch | None:
+    """The newest epoch of ``ws`` (the open one), or None."""
+    cur = txn.cursor(db=db["ws_epochs"])
+    nxt = S.u32(ws + 1)
+    if cur.set_range(nxt):
+        if not cur.prev():
+            return None
+    elif not cur.last():
+        return None
+    key = cur.key()
+    if S.read_u32(key) != ws:
+        return None
+    return get(txn, db, S.read_u64(key, 4))
+
+
+def all_of(txn, db, ws: int) -> list[Epoch]:
+    cur = txn.cursor(db=db["ws_epochs"])
+    prefix = S.u32(ws)
+    out = []
+    if cur.set_range(prefix):
+        for key in cur.iternext(values=False):
+            if key[:4] != prefix:
+                break
+            out.append(get(txn, db, S.read_u64(key, 4)))
+    return out
+
+
+def close(txn, db, e: Epoch) -> Epoch:
+    if e.ended_ns is not None:
+        return e
+    e = replace(e, ended_ns=time.time_ns())
+    put(txn, db, e)
+    return e
+
+
+def open_new(txn, db, ws: int, kind: str, *, session=None, turn=None, label="",
+             target=None) -> Epoch:
+    """Close the workspace's open epoch and open a new one (one transaction)."""
+    prev = last(txn, db, ws)
+    if prev is not None:
+        close(txn, db, prev)
+    meta = db["meta"]
+    eid = S.unpack(txn.get(b"next_epoch", db=meta))
+    txn.put(b"next_epoch", S.pack(eid + 1), db=meta)
+    e = Epoch(eid, ws, kind, session, turn, label, time.time_ns(), None, 0, 0, target)
+    put(txn, db, e)
+    txn.put(S.ws_epoch_key(ws, eid), b"", db=db["ws_epochs"])
+    return e
+
+
+def current(txn, db, ws: int) -> Epoch:
+    """The open epoch of ``ws``, opening an ``idle`` one if the workspace has none."""
+    e = last(txn, db, ws)
+    return e if e is not None else open_new(txn, db, ws, "idle")
+
+
+def add_counts(txn, db, epoch_id: int, paths: int, nbytes: int) -> None:
+    e = get(txn, db, epoch_id)
+    put(txn, db, replace(e, paths=e.paths + paths, bytes=e.bytes + nbytes))

@@ -1,0 +1,213 @@
+"""Garbage collection: retention policies, then blobs by reachability.
+
+Retention (optional, ``keep_epochs`` / ``max_age_s`` / ``max_bytes``) drops the oldest
+epochs of a workspace — always a contiguous oldest-first prefix, because dropping an
+epoch's pre-images invalidates every point at or before it (those points are then
+unknown; ``resolve_point`` says so).  Never dropped: the open epoch, and every epoch at
+or after the target of the workspace's newest rewind (a pending redo may need it), nor
+anything after a kept one.  ``max_bytes`` counts the pre-image bytes recorded per epoch
+(``Epoch.bytes``, before dedup) summed over the store.
+
+Reachability: a blob no retained journal entry references is removed once its
+``touched_ns`` (set by every put, including dedup hits) is older than ``grace_s`` — a
+capture in flight has put its blob but not yet recorded its pre-image.  Files in the
+blob area without an index entry (a crash between rename and commit) follow the same
+grace; a temp file goes only once it is older than the grace *and* the process named in
+it is gone.  Index entries are deleted in a write transaction first; a blob file is
+unlinked afterwards only under the write lock and only if its entry is still absent, so
+a concurrent put of the same content can never lose its file.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass
+
+from . import _epoch, _journal, _session
+from . import _schema as S
+from . import _txn
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class GcReport:
+    epochs_dropped: int = 0
+    entries_dropped: int = 0
+    blobs_removed: int = 0
+    bytes_freed: int = 0
+    files_removed: int = 0
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def collect(store, *, grace_s, keep_epochs, max_age_s, max_bytes) -> GcReport:
+    report = GcReport()
+    if keep_epochs is not None or max_age_s is not None or max_bytes is not None:
+        _retain(store, report, keep_epochs, max_age_s, max_bytes)
+    cutoff = time.time_ns() - int(grace_s * 1e9)
+    doomed_files = _drop_unreferenced(store, report, cutoff)
+    _unlink_files(store, report, doomed_files, cutoff)
+    return report
+
+
+# -- retention -------------------------------------------------------------------------
+def _droppable(txn, db, ws: int) -> list[_epoch.Epoch]:
+    """Oldest-first epochs of ``ws`` that retention may drop."""
+    epochs = _epoch.all_of(txn, db, ws)
+    floor = epochs[-1].id if epochs else 0
+    rew = _session.newest_rewind(txn, db, ws, None)
+    if rew is not None and rew.target is not None:
+        floor = min(floor, rew.target)
+    return [e for e in epochs if e.id < floor]
+
+
+def _retain(store, report, keep_epochs, max_age_s, max_bytes) -> None:
+    db, now = store._db, time.time_ns()
+    with store._w() as txn:
+        ws_ids = [S.read_u32(k) for k in txn.cursor(db=db["ws_paths"]).iternext(values=False)]
+        per_ws = {ws: _droppable(txn, db, ws) for ws in ws_ids}
+        doomed: list[_epoch.Epoch] = []
+        for ws, cands in per_ws.items():
+            total = len(_epoch.all_of(txn, db, ws))
+            n = 0
+            if keep_epochs is not None:
+                n = max(n, min(len(cands), max(0, total - keep_epochs)))
+            if max_age_s is not None:
+                old = now - int(max_age_s * 1e9)
+                n = max(n, next((i for i, c in enumerate(cands) if c.ended_ns >= old),
+                                len(cands)))
+            doomed += cands[:n]
+            per_ws[ws] = cands[n:]
+        if max_bytes is not None:
+            doomed += _over_budget(txn, db, per_ws, doomed, max_bytes)
+        for e in doomed:
+            _drop_epoch(txn, db, e, report)
+
+
+def _over_budget(txn, db, per_ws, doomed, max_bytes) -> list[_epoch.Epoch]:
+    gone = {e.id for e in doomed}
+    total = sum(e.bytes for e in _all_epochs(txn, db) if e.id not in gone)
+    queue = sorted((e for cands in per_ws.values() for e in cands), key=lambda e: e.id)
+    # Oldest first across the store; each workspace's candidates are already an
+    # oldest-first suffix of what is left, so stopping early keeps every cut a prefix.
+    extra = []
+    for e in queue:
+        if total <= max_bytes:
+            break
+        extra.append(e)
+        total -= e.bytes
+    return extra
+
+
+def _all_epochs(txn, db):
+    for key, raw in txn.cursor(db=db["epochs"]):
+        yield _epoch._decode(S.read_u64(key), raw)
+
+
+def _drop_epoch(txn, db, e: _epoch.Epoch, report: GcReport) -> None:
+    report.entries_dropped += _journal.delete_epoch(txn, db, e.workspace, e.id)
+    txn.delete(S.ws_epoch_key(e.workspace, e.id), db=db["ws_epochs"])
+    txn.delete(S.u64(e.id), db=db["epochs"])
+    if e.kind == "turn" and e.session is not None:
+        tkey = S.turn_key(e.workspace, e.session, e.turn)
+        if txn.get(tkey, db=db["turns"]) == S.u64(e.id):
+            txn.delete(tkey, db=db["turns"])
+    report.epochs_dropped += 1
+    log.info("gc dropped epoch %d of workspace %d", e.id, e.workspace)
+
+
+# -- reachability ------------------------------------------------------------------------
+def referenced_blobs(txn, db) -> dict[bytes, list[bytes]]:
+    """Blob key → paths of journal entries referencing it."""
+    refs: dict[bytes, list[bytes]] = {}
+    for key, raw in txn.cursor(db=db["journal"]):
+        fields, full = S.unpack(raw)
+        blob = fields[7]
+        if blob is not None:
+            refs.setdefault(blob, []).append(full if full is not None else bytes(key[12:]))
+    return refs
+
+
+def _drop_unreferenced(store, report, cutoff) -> list[bytes]:
+    db = store._db
+    with store._r() as txn:
+        refs = referenced_blobs(txn, db)
+        cands = [bytes(k) for k, raw in txn.cursor(db=db["blobs"])
+                 if bytes(k) not in refs and S.unpack(raw)[2] < cutoff]
+    files = []
+    with store._w() as txn:
+        for key in cands:
+            raw = txn.get(key, db=db["blobs"])
+            if raw is None:
+                continue
+            size, where, touched, _ = S.unpack(raw)
+            if touched >= cutoff:   # re-put since the scan: a capture is using it
+                continue
+            txn.delete(key, db=db["blobs"])
+            report.blobs_removed += 1
+            report.bytes_freed += size
+            if where == S.FILE:
+                files.append(key)
+    return files
+
+
+def blob_files(root: str):
+    """Yield (key, path) of every file in the sharded blob directory."""
+    for shard in sorted(os.listdir(root)):
+        if len(shard) != 2 or shard == "tmp":
+            continue
+        for name in os.listdir(os.path.join(root, shard)):
+            try:
+                key = bytes.fromhex(shard + name)
+            except ValueError:
+                continue
+            if len(key) == 16:
+                yield key, os.path.join(root, shard, name)
+
+
+def _unlink_files(store, report, keys, cutoff) -> None:
+    area = store.blobs
+    with _txn.translate():
+        orphans = [k for k, p in blob_files(area.root)
+                   if os.stat(p).st_mtime_ns < cutoff]
+        stale_tmp = [os.path.join(area.tmp_dir, n) for n in os.listdir(area.tmp_dir)]
+    with store._w() as txn:   # the write lock keeps puts out while we unlink
+        for key in set(keys) | set(orphans):
+            if txn.get(key, db=store._db["blobs"]) is None:
+                _unlink(area.file_path(key), report)
+    for path in stale_tmp:
+        try:
+            if os.stat(path).st_mtime_ns < cutoff and not _writer_alive(path):
+                _unlink(path, report)
+        except FileNotFoundError:
+            pass
+
+
+def _writer_alive(tmp_path: str) -> bool:
+    """Whether the process that named this temp file (``<pid>-…``) still runs: its put
+    may be in flight, whatever the grace period says."""
+    try:
+        pid = int(os.path.basename(tmp_path).split("-", 1)[0])
+    except ValueError:
+        return False
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _unlink(path: str, report: GcReport) -> None:
+    try:
+        os.unlink(path)
+        report.files_removed += 1
+    except FileNotFoundError:
+        pass

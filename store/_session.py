@@ -1,0 +1,182 @@
+"""Sessions, turns and point names.
+
+A harness session maps its turns to epochs (``turns``: the newest epoch begun for that
+turn number in that workspace).  ``fork_session(child, parent, boundary_turn)`` lets
+the child inherit the parent's points for turns ``<= boundary_turn`` (the point of turn
+N is the start of turn N, so a child forked "at turn N" can go back to it), recursively
+through the parent's own parent.  Sessions are store-wide; turns are per workspace.
+
+Points are named absolutely (DESIGN invariant 8): an epoch id (``12``, ``"12"``,
+``"e12"``) or a turn (``"t3"``, ``"turn:3"``, or a bare number when a session is
+given).  Relative names (``-1``, ``~1``, ``HEAD~1``, ``prev``…) raise ``BadPoint``.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+
+from . import _epoch
+from . import _schema as S
+from ._errors import EXIT_USAGE, BadPoint, RewindfsError, StoreError, UnknownPoint
+
+MAX_SESSION = 256
+_RELATIVE_WORDS = {"prev", "previous", "last", "head", "next", "latest", "current"}
+_EPOCH_RE = re.compile(r"(?:e|epoch:)?(\d+)")
+_TURN_RE = re.compile(r"(?:t|turn:)(\d+)")
+
+
+class BadSession(RewindfsError):
+    """Bad session or turn (session {session!r}): {reason}."""
+
+    code = "bad-session"
+    exit_code = EXIT_USAGE
+
+
+class SessionConflict(StoreError):
+    """Session {child!r} already exists with another parent or boundary."""
+
+    code = "session-conflict"
+    traceback = False
+
+
+class AmbiguousPoint(UnknownPoint):
+    """Turn {point!r} exists in several sessions of this workspace; name the session."""
+
+    code = "ambiguous-point"
+    exit_code = EXIT_USAGE
+
+
+def check_session(session) -> str:
+    if not isinstance(session, str) or not session:
+        raise BadSession(session=session, reason="not a non-empty string")
+    if "\0" in session or len(session.encode()) > MAX_SESSION:
+        raise BadSession(session=session, reason=f"contains NUL or exceeds {MAX_SESSION} bytes")
+    return session
+
+
+def ensure(txn, db, session: str) -> None:
+    key = session.encode()
+    if txn.get(key, db=db["sessions"]) is None:
+        txn.put(key, S.pack([None, None, time.time_ns()]), db=db["sessions"])
+
+
+def begin_turn(txn, db, ws: int, session: str, turn: int, label: str) -> _epoch.Epoch:
+    cur = _epoch.last(txn, db, ws)
+    if cur is not None and cur.kind == "turn" and cur.is_open \
+            and (cur.session, cur.turn) == (session, turn):
+        return cur
+    ensure(txn, db, session)
+    e = _epoch.open_new(txn, db, ws, "turn", session=session, turn=turn, label=label)
+    txn.put(S.turn_key(ws, session, turn), S.u64(e.id), db=db["turns"])
+    return e
+
+
+def fork(txn, db, child: str, parent: str, boundary_turn: int) -> None:
+    ensure(txn, db, parent)
+    key = child.encode()
+    raw = txn.get(key, db=db["sessions"])
+    if raw is not None:
+        old_parent, old_boundary, _ = S.unpack(raw)
+        if (old_parent, old_boundary) == (parent, boundary_turn):
+            return
+        if old_parent is not None:
+            raise SessionConflict(child=child)
+    if _ancestors(txn, db, parent) & {child}:
+        raise SessionConflict(child=child)
+    txn.put(key, S.pack([parent, boundary_turn, time.time_ns()]), db=db["sessions"])
+
+
+def _ancestors(txn, db, session: str) -> set[str]:
+    seen = {session}
+    while True:
+        raw = txn.get(session.encode(), db=db["sessions"])
+        parent = S.unpack(raw)[0] if raw is not None else None
+        if parent is None or parent in seen:
+            return seen
+        seen.add(parent)
+        session = parent
+
+
+def own_turns(txn, db, ws: int, session: str) -> dict[int, int]:
+    # a session name holds no NUL, so every key under this prefix is one of its turns
+    prefix = S.u32(ws) + session.encode() + b"\0"
+    cur = txn.cursor(db=db["turns"])
+    out = {}
+    if cur.set_range(prefix):
+        for key, value in cur:
+            if key[:len(prefix)] != prefix:
+                break
+            out[S.read_u32(key, len(prefix))] = S.read_u64(value)
+    return out
+
+
+def points(txn, db, ws: int, session: str) -> list[tuple[int, int]]:
+    """(turn, epoch id) of ``session`` including inherited ones, by turn."""
+    merged: dict[int, int] = {}
+    limit, seen = None, set()
+    while session is not None and session not in seen:
+        seen.add(session)
+        for turn, eid in own_turns(txn, db, ws, session).items():
+            if (limit is None or turn <= limit) and turn not in merged:
+                merged[turn] = eid
+        raw = txn.get(session.encode(), db=db["sessions"])
+        if raw is None:
+            break
+        parent, boundary, _ = S.unpack(raw)
+        if boundary is not None:
+            limit = boundary if limit is None else min(limit, boundary)
+        session = parent
+    return sorted(merged.items())
+
+
+def _is_relative(text: str) -> bool:
+    t = text.strip().lower()
+    return any(c in t for c in "-~^+") or t in _RELATIVE_WORDS or t.startswith("head")
+
+
+def resolve(txn, db, ws: int, point, session: str | None) -> int:
+    if isinstance(point, bool) or not isinstance(point, (int, str)):
+        raise UnknownPoint(point=point)
+    if isinstance(point, int):
+        if point < 0:
+            raise BadPoint(point=str(point))
+        return _turn(txn, db, ws, point, session) if session else _epoch_id(txn, db, ws, point)
+    if _is_relative(point):
+        raise BadPoint(point=point)
+    text = point.strip().lower()
+    if m := _TURN_RE.fullmatch(text):
+        return _turn(txn, db, ws, int(m.group(1)), session)
+    if text.isdigit() and session:
+        return _turn(txn, db, ws, int(text), session)
+    if m := _EPOCH_RE.fullmatch(text):
+        return _epoch_id(txn, db, ws, int(m.group(1)))
+    raise UnknownPoint(point=point)
+
+
+def _epoch_id(txn, db, ws: int, eid: int) -> int:
+    return _epoch.get_in(txn, db, ws, eid).id
+
+
+def _turn(txn, db, ws: int, turn: int, session: str | None) -> int:
+    if session is not None:
+        found = dict(points(txn, db, ws, session)).get(turn)
+        if found is None:
+            raise UnknownPoint(point=f"turn {turn} of session {session}")
+        return found
+    newest: dict[str | None, int] = {}     # session → its newest epoch of that turn
+    for e in _epoch.all_of(txn, db, ws):
+        if e.kind == "turn" and e.turn == turn:
+            newest[e.session] = e.id
+    if not newest:
+        raise UnknownPoint(point=f"t{turn}")
+    if len(newest) > 1:
+        raise AmbiguousPoint(point=f"t{turn}")
+    return next(iter(newest.values()))
+
+
+def newest_rewind(txn, db, ws: int, session: str | None) -> _epoch.Epoch | None:
+    for e in reversed(_epoch.all_of(txn, db, ws)):
+        if e.kind == "rewind" and (session is None or e.session == session):
+            return e
+    return None

@@ -1,0 +1,324 @@
+"""``Store``: the one public object of the store package.
+
+Concurrency contract: one ``Store`` per process and store path (``open`` hands back the
+same LMDB environment to a second opener in the same process, because LMDB forbids
+opening one environment twice in a process).  A ``Store`` is thread-safe.  Several
+processes (the daemon and CLI commands) may use one store at once: LMDB serialises
+write transactions across processes, and every read-modify-write here (epoch ids,
+workspace ids, counters) happens inside one write transaction.  A ``Store`` must not
+cross ``fork()``; open it again in the child.
+
+Durability: see docs/store.md.  The environment runs with ``sync=False`` by default: a
+committed transaction survives a SIGKILL of the process (the pages are in the kernel's
+page cache), not necessarily a power loss; ``flush()`` forces it to disk, and turn
+boundaries call it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pathlib
+import threading
+
+import xxhash
+
+from . import _epoch, _intent, _journal, _plan, _point, _session
+from . import _schema as S
+from . import _txn
+from ._blob import BlobArea
+from ._errors import StoreError, UnknownPoint
+from ._location import check_outside, default_store_path
+from ._preimage import PreImage, check_relpath
+
+log = logging.getLogger(__name__)
+
+_registry: dict[tuple[int, str], list] = {}   # (pid, index realpath) -> [env, dbs, refs]
+_registry_lock = threading.Lock()
+
+
+class Store:
+    """The on-disk store: LMDB index + content-addressed blobs (see docs/architecture.md)."""
+
+    def __init__(self, path: pathlib.Path, env, db, key):
+        self.path = path
+        self._env, self._db, self._key = env, db, key
+        self._pid = os.getpid()
+        self._closed = False
+        self._real = os.fsencode(os.path.realpath(path))
+        self.blobs = BlobArea(env, db["blobs"], str(path / "blobs"))
+
+    # -- lifecycle ------------------------------------------------------------------
+    @classmethod
+    def open(cls, path=None, *, create: bool = True, sync: bool = False) -> "Store":
+        """Open (and with ``create`` make) the store at ``path`` (default:
+        ``default_store_path()``).  ``SchemaTooNew`` for a store from a newer rewindfs."""
+        path = pathlib.Path(path if path is not None else default_store_path()).absolute()
+        with _txn.translate():
+            if not (path / "index").is_dir():
+                if not create:
+                    raise StoreError(f"no store at {path}")
+                (path / "index").mkdir(mode=0o700, parents=True, exist_ok=True)
+            index = os.path.realpath(path / "index")
+            key = (os.getpid(), index)
+            with _registry_lock:
+                slot = _registry.get(key)
+                if slot is None:
+                    env, dbs = S.open_env(index, create=create, sync=sync)
+                    slot = _registry[key] = [env, dbs, 0]
+                slot[2] += 1
+        return cls(path, slot[0], slot[1], key)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        with _registry_lock:
+            slot = _registry.get(self._key)
+            if slot is None or self._pid != os.getpid():
+                return
+            slot[2] -= 1
+            if slot[2] == 0:
+                del _registry[self._key]
+                slot[0].close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def flush(self) -> None:
+        """Force every committed transaction to disk (survives power loss)."""
+        with _txn.translate():
+            self._env.sync(True)
+
+    def _w(self):
+        self._check_usable()
+        return _txn.write(self._env)
+
+    def _r(self):
+        self._check_usable()
+        return _txn.read(self._env)
+
+    def _check_usable(self) -> None:
+        if self._closed:
+            raise StoreError("the store is closed")
+        if self._pid != os.getpid():
+            raise StoreError("a Store cannot cross fork(); open it again in the child")
+
+    # -- workspaces -----------------------------------------------------------------
+    def workspace(self, real_path) -> int:
+        """The id of the workspace at ``real_path`` (resolved by the caller), created on
+        first use.  ``StoreInsideWorkspace`` if this store lies inside it."""
+        real_path = os.fsencode(real_path)
+        if not real_path.startswith(b"/") or b"\0" in real_path:
+            raise StoreError(f"workspace path must be absolute: {real_path!r}")
+        real_path = os.path.normpath(real_path)
+        check_outside(self._real, real_path)
+        hkey = xxhash.xxh3_128(real_path).digest()
+        with self._r() as txn:
+            raw = txn.get(hkey, db=self._db["workspaces"])
+        if raw is not None:
+            return S.unpack(raw)[0]
+        with self._w() as txn:   # look again: another process may have just added it
+            raw = txn.get(hkey, db=self._db["workspaces"])
+            if raw is not None:
+                return S.unpack(raw)[0]
+            meta = self._db["meta"]
+            ws = S.unpack(txn.get(b"next_ws", db=meta))
+            txn.put(b"next_ws", S.pack(ws + 1), db=meta)
+            txn.put(hkey, S.pack([ws, real_path]), db=self._db["workspaces"])
+            txn.put(S.u32(ws), real_path, db=self._db["ws_paths"])
+            return ws
+
+    def workspaces(self) -> list[tuple[int, bytes]]:
+        with self._r() as txn:
+            return [(S.read_u32(k), bytes(v)) for k, v in txn.cursor(db=self._db["ws_paths"])]
+
+    # -- epochs and sessions --------------------------------------------------------
+    def current_epoch(self, ws) -> _epoch.Epoch:
+        with self._r() as txn:
+            e = _epoch.last(txn, self._db, ws)
+        if e is not None:
+            return e
+        with self._w() as txn:
+            return _epoch.current(txn, self._db, ws)
+
+    def begin_turn(self, ws, session: str, turn: int, label: str) -> _epoch.Epoch:
+        """Open a ``turn`` epoch; idempotent for the turn already open, otherwise the
+        open epoch (turn, idle or rewind) is closed first."""
+        _session.check_session(session)
+        if not isinstance(turn, int) or isinstance(turn, bool) or not 0 <= turn < 1 << 32:
+            raise _session.BadSession(session=session, reason=f"bad turn number {turn!r}")
+        with self._w() as txn:
+            e = _session.begin_turn(txn, self._db, ws, session, turn, str(label))
+        self.flush()
+        return e
+
+    def end_turn(self, ws) -> _epoch.Epoch:
+        """Close the open turn and open an ``idle`` epoch (returned); without an open
+        turn, return the current epoch unchanged."""
+        with self._w() as txn:
+            cur = _epoch.current(txn, self._db, ws)
+            if cur.kind != "turn":
+                return cur
+            e = _epoch.open_new(txn, self._db, ws, "idle")
+        self.flush()
+        return e
+
+    def open_turn(self, ws) -> _epoch.Epoch | None:
+        with self._r() as txn:
+            e = _epoch.last(txn, self._db, ws)
+        return e if e is not None and e.kind == "turn" and e.is_open else None
+
+    def begin_rewind(self, ws, target: int, session: str | None) -> _epoch.Epoch:
+        """Close the open epoch and open a ``rewind`` epoch restoring point ``target``.
+        Refusing while a turn is open is the caller's policy (it may be forced)."""
+        if session is not None:
+            _session.check_session(session)
+        with self._w() as txn:
+            _epoch.get_in(txn, self._db, ws, target)
+            return _epoch.open_new(txn, self._db, ws, "rewind", session=session,
+                                   target=target)
+
+    def end_rewind(self, ws) -> _epoch.Epoch:
+        """Close the open rewind epoch and open (and return) an ``idle`` one."""
+        with self._w() as txn:
+            cur = _epoch.current(txn, self._db, ws)
+            if cur.kind != "rewind":
+                raise StoreError(f"epoch {cur.id} is not a rewind")
+            e = _epoch.open_new(txn, self._db, ws, "idle")
+        self.flush()
+        return e
+
+    def epochs(self, ws) -> list[_epoch.Epoch]:
+        with self._r() as txn:
+            return _epoch.all_of(txn, self._db, ws)
+
+    def epoch(self, epoch_id) -> _epoch.Epoch:
+        with self._r() as txn:
+            e = _epoch.get(txn, self._db, epoch_id) if isinstance(epoch_id, int) \
+                and 0 <= epoch_id < 1 << 64 else None
+        if e is None:
+            raise UnknownPoint(point=epoch_id)
+        return e
+
+    def fork_session(self, child: str, parent: str, boundary_turn: int) -> None:
+        _session.check_session(child)
+        _session.check_session(parent)
+        with self._w() as txn:
+            _session.fork(txn, self._db, child, parent, int(boundary_turn))
+
+    def session_points(self, ws, session) -> list[tuple[int, int]]:
+        with self._r() as txn:
+            return _session.points(txn, self._db, ws, session)
+
+    def resolve_point(self, ws, point, session: str | None = None) -> int:
+        with self._r() as txn:
+            return _session.resolve(txn, self._db, ws, point, session)
+
+    def newest_rewind(self, ws, session=None) -> _epoch.Epoch | None:
+        with self._r() as txn:
+            return _session.newest_rewind(txn, self._db, ws, session)
+
+    # -- blobs ------------------------------------------------------------------------
+    def put_fd(self, fd: int) -> tuple[bytes, int]:
+        self._check_usable()
+        return self.blobs.put_fd(fd)
+
+    def put_bytes(self, data: bytes) -> tuple[bytes, int]:
+        self._check_usable()
+        return self.blobs.put_bytes(data)
+
+    def read_blob(self, key: bytes) -> bytes:
+        self._check_usable()
+        return self.blobs.read(key)
+
+    def copy_blob_to_fd(self, key: bytes, fd: int) -> int:
+        """Write the blob at ``fd``'s offset; ``BlobCorrupt`` is raised after the last
+        chunk if it did not verify (write to a temp file and discard it then)."""
+        self._check_usable()
+        return self.blobs.copy_to_fd(key, fd)
+
+    # -- journal ----------------------------------------------------------------------
+    def record(self, ws, epoch_id, entries) -> list[bool]:
+        """Record pre-images (write-ahead: durable against a process crash on return).
+        One transaction: all entries or none.  ``EpochClosed`` if the epoch is no
+        longer open."""
+        entries = list(entries)
+        with self._w() as txn:
+            return _journal.record(txn, self._db, ws, epoch_id, entries)
+
+    def is_recorded(self, ws, epoch_id, path) -> bool:
+        with self._r() as txn:
+            return _journal.is_recorded(txn, self._db, ws, epoch_id, path)
+
+    def journal(self, ws, epoch_id):
+        with self._r() as txn:
+            _epoch.get_in(txn, self._db, ws, epoch_id)
+            return iter(list(_journal.entries(txn, self._db, ws, epoch_id)))
+
+    # -- points and plans ---------------------------------------------------------------
+    def state_at(self, ws, epoch_id, path) -> PreImage | None:
+        with self._r() as txn:
+            _epoch.get_in(txn, self._db, ws, epoch_id)
+            return _point.state_at(txn, self._db, ws, epoch_id, path)
+
+    def plan(self, ws, epoch_id, paths=None) -> _plan.Plan:
+        """Actions restoring every path touched in epochs >= ``epoch_id`` (within
+        ``paths`` and their subtrees) to its state at that point."""
+        paths = _check_paths(paths)
+        with self._r() as txn:
+            _epoch.get_in(txn, self._db, ws, epoch_id)
+            states = _point.targets(txn, self._db, ws, epoch_id, paths)
+        return _plan.build(epoch_id, states)
+
+    def changed_since(self, ws, epoch_id, paths=None):
+        """Every path touched in epochs >= ``epoch_id`` with the newest such epoch."""
+        paths = _check_paths(paths)
+        with self._r() as txn:
+            _epoch.get_in(txn, self._db, ws, epoch_id)
+            found = _point.touched_since(txn, self._db, ws, epoch_id, paths, newest=True)
+            epochs = {eid: _epoch.get(txn, self._db, eid) for eid in set(found.values())}
+        return iter([(p, epochs[found[p]]) for p in sorted(found)])
+
+    # -- intents ------------------------------------------------------------------------
+    def put_intent(self, ws, intent: dict) -> None:
+        with self._w() as txn:
+            _intent.put(txn, self._db, ws, intent)
+
+    def get_intent(self, ws) -> dict | None:
+        with self._r() as txn:
+            return _intent.get(txn, self._db, ws)
+
+    def clear_intent(self, ws) -> None:
+        with self._w() as txn:
+            _intent.clear(txn, self._db, ws)
+
+    # -- maintenance --------------------------------------------------------------------
+    def gc(self, *, grace_s: float = 3600, keep_epochs=None, max_age_s=None, max_bytes=None):
+        from ._gc import collect
+        self._check_usable()
+        return collect(self, grace_s=grace_s, keep_epochs=keep_epochs,
+                       max_age_s=max_age_s, max_bytes=max_bytes)
+
+    def fsck(self):
+        from ._check import check
+        self._check_usable()
+        return check(self)
+
+    def statistics(self) -> dict:
+        with self._r() as txn:
+            stat = {name: txn.stat(db)["entries"] for name, db in self._db.items()}
+        info = self._env.info()
+        return {"path": str(self.path), "entries": stat,
+                "map_used_bytes": info["last_pgno"] * self._env.stat()["psize"]}
+
+
+def _check_paths(paths):
+    if paths is None:
+        return None
+    if isinstance(paths, bytes):
+        raise TypeError("paths is an iterable of bytes, not bytes")
+    return [check_relpath(p) for p in paths]

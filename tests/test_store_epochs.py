@@ -1,0 +1,188 @@
+"""Epochs, turns, sessions, forks, point names, intents, changed_since."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from store import AmbiguousPoint, PreImage, SessionConflict, Store, UnknownPoint
+from store_fixtures import store, store_path, ws  # noqa: F401  (fixtures)
+
+
+def test_first_epoch_is_idle_and_current(store, ws):
+    e = store.current_epoch(ws)
+    assert (e.kind, e.is_open, e.workspace) == ("idle", True, ws)
+    assert store.current_epoch(ws) == e
+    assert store.open_turn(ws) is None
+
+
+def test_turn_lifecycle(store, ws):
+    idle = store.current_epoch(ws)
+    t1 = store.begin_turn(ws, "s1", 1, "fix the bug")
+    assert (t1.kind, t1.session, t1.turn, t1.label) == ("turn", "s1", 1, "fix the bug")
+    assert t1.id > idle.id
+    assert store.epoch(idle.id).ended_ns is not None
+    assert store.open_turn(ws) == t1
+    assert store.begin_turn(ws, "s1", 1, "again") == t1          # idempotent
+    t2 = store.begin_turn(ws, "s1", 2, "next")                   # closes t1
+    assert store.epoch(t1.id).ended_ns is not None and t2.id > t1.id
+    after = store.end_turn(ws)
+    assert (after.kind, after.is_open) == ("idle", True)
+    assert store.open_turn(ws) is None
+    assert store.end_turn(ws) == after                            # no open turn: no-op
+    assert [e.kind for e in store.epochs(ws)] == ["idle", "turn", "turn", "idle"]
+    assert store.session_points(ws, "s1") == [(1, t1.id), (2, t2.id)]
+
+
+def test_epoch_ids_increase_across_workspaces(store, tmp_path):
+    a = store.workspace(os.fsencode(tmp_path / "a"))
+    b = store.workspace(os.fsencode(tmp_path / "b"))
+    assert store.workspace(os.fsencode(tmp_path / "a")) == a != b
+    assert store.workspaces() == [(a, os.fsencode(tmp_path / "a")),
+                                  (b, os.fsencode(tmp_path / "b"))]
+    ids = []
+    for i in range(1, 4):
+        ids.append(store.begin_turn(a, "s", i, "").id)
+        ids.append(store.begin_turn(b, "s", i, "").id)
+    assert ids == sorted(ids) and len(set(ids)) == len(ids)
+
+
+def test_counts(store, ws):
+    e = store.begin_turn(ws, "s", 1, "")
+    key, n = store.put_bytes(b"12345")
+    store.record(ws, e.id, [(b"a", PreImage("file", 0o644, size=n, blob=key)),
+                            (b"b", PreImage.ABSENT)])
+    assert store.record(ws, e.id, [(b"a", PreImage.ABSENT), (b"c", PreImage.ABSENT)]) \
+        == [False, True]
+    got = store.epoch(e.id)
+    assert (got.paths, got.bytes) == (3, 5)
+    assert dict(store.journal(ws, e.id))[b"a"].kind == "file"   # the first one wins
+
+
+def test_rewind_epochs_and_newest_rewind(store, ws):
+    t1 = store.begin_turn(ws, "s1", 1, "")
+    store.end_turn(ws)
+    assert store.newest_rewind(ws) is None
+    r = store.begin_rewind(ws, t1.id, "s1")
+    assert (r.kind, r.target, r.session) == ("rewind", t1.id, "s1")
+    idle = store.end_rewind(ws)
+    assert idle.kind == "idle" and store.epoch(r.id).ended_ns is not None
+    assert store.newest_rewind(ws) == store.epoch(r.id)
+    assert store.newest_rewind(ws, "s1").id == r.id
+    assert store.newest_rewind(ws, "other") is None
+    with pytest.raises(UnknownPoint):
+        store.begin_rewind(ws, 999, None)
+
+
+def test_resolve_point(store, ws):
+    t1 = store.begin_turn(ws, "s1", 1, "")
+    t2 = store.begin_turn(ws, "s1", 2, "")
+    assert store.resolve_point(ws, t1.id) == t1.id
+    assert store.resolve_point(ws, str(t1.id)) == t1.id
+    assert store.resolve_point(ws, f"e{t2.id}") == t2.id
+    assert store.resolve_point(ws, "t2") == t2.id
+    assert store.resolve_point(ws, "turn:1") == t1.id
+    assert store.resolve_point(ws, 2, session="s1") == t2.id
+    assert store.resolve_point(ws, "1", session="s1") == t1.id
+    store.begin_turn(ws, "s2", 1, "")
+    with pytest.raises(AmbiguousPoint):
+        store.resolve_point(ws, "t1")
+    assert store.resolve_point(ws, "t1", session="s1") == t1.id
+
+
+def test_fork_inherits_points_up_to_the_boundary(store, ws):
+    t = [store.begin_turn(ws, "parent", i, "").id for i in (1, 2, 3, 4)]
+    store.fork_session("child", "parent", 2)
+    store.fork_session("child", "parent", 2)                # idempotent
+    with pytest.raises(SessionConflict):
+        store.fork_session("child", "parent", 3)
+    with pytest.raises(SessionConflict):
+        store.fork_session("parent", "child", 1)            # no cycles
+    assert store.session_points(ws, "child") == [(1, t[0]), (2, t[1])]
+    c3 = store.begin_turn(ws, "child", 3, "").id
+    assert store.session_points(ws, "child") == [(1, t[0]), (2, t[1]), (3, c3)]
+    store.fork_session("grandchild", "child", 3)
+    assert store.session_points(ws, "grandchild") == [(1, t[0]), (2, t[1]), (3, c3)]
+    assert store.resolve_point(ws, 2, session="grandchild") == t[1]
+    with pytest.raises(UnknownPoint):
+        store.resolve_point(ws, 4, session="child")
+
+
+def test_intents(store, ws, tmp_path):
+    assert store.get_intent(ws) is None
+    intent = {"epoch": 7, "target": 3, "paths": [b"a", b"\xff"], "session": "s"}
+    store.put_intent(ws, intent)
+    other = store.workspace(os.fsencode(tmp_path / "other"))
+    assert store.get_intent(other) is None
+    assert store.get_intent(ws) == intent
+    store.clear_intent(ws)
+    assert store.get_intent(ws) is None
+
+
+def test_changed_since_reports_the_newest_epoch(store, ws):
+    t1 = store.begin_turn(ws, "s", 1, "")
+    store.record(ws, t1.id, [(b"a", PreImage.ABSENT), (b"d/x", PreImage.ABSENT)])
+    idle = store.end_turn(ws)
+    store.record(ws, idle.id, [(b"a", PreImage.ABSENT), (b"b", PreImage.ABSENT)])
+    got = {p: e.id for p, e in store.changed_since(ws, t1.id)}
+    assert got == {b"a": idle.id, b"b": idle.id, b"d/x": t1.id}
+    assert {p: e.id for p, e in store.changed_since(ws, t1.id, [b"d"])} == {b"d/x": t1.id}
+    assert {p for p, _ in store.changed_since(ws, idle.id)} == {b"a", b"b"}
+
+
+def test_state_at_uses_the_earliest_epoch_at_or_after(store, ws):
+    img = [PreImage("dir", 0o700 + i) for i in range(3)]
+    e = []
+    for i in range(3):
+        e.append(store.begin_turn(ws, "s", i + 1, "").id)
+        store.record(ws, e[i], [(b"p", img[i])])
+    last = store.end_turn(ws).id
+    assert [store.state_at(ws, x, b"p") for x in e] == img
+    assert store.state_at(ws, last, b"p") is None
+    assert store.state_at(ws, e[0], b"q") is None
+
+
+def test_plan_order(store, ws):
+    t = store.begin_turn(ws, "s", 1, "").id
+    k, n = store.put_bytes(b"x")
+    f = PreImage("file", 0o644, size=n, blob=k, link_group=b"g")
+    store.record(ws, t, [
+        (b"gone/deeper", PreImage.ABSENT), (b"gone", PreImage.ABSENT),
+        (b"d", PreImage("dir", 0o755)), (b"d/e", PreImage("dir", 0o755)),
+        (b"d/e/f", f), (b"z", f), (b"d/l", PreImage("symlink", target=b"../z")),
+        (b"d/p", PreImage("fifo", 0o600)),
+    ])
+    plan = store.plan(ws, t)
+    assert [(a.op, a.path) for a in plan] == [
+        ("delete", b"gone/deeper"), ("delete", b"gone"),
+        ("mkdir", b"d"), ("write", b"z"), ("mkdir", b"d/e"), ("symlink", b"d/l"),
+        ("mkfifo", b"d/p"), ("write", b"d/e/f"),
+        ("meta", b"d/e"), ("meta", b"d"),
+    ]
+    assert plan.target == t and plan.paths == {a.path for a in plan}
+    assert plan.counts()["delete"] == 2
+
+
+def test_reopen_sees_everything(store_path, tmp_path):
+    with Store.open(store_path) as s:
+        ws = s.workspace(os.fsencode(tmp_path / "w"))
+        t = s.begin_turn(ws, "s", 1, "label")
+        s.record(ws, t.id, [(b"a", PreImage.ABSENT)])
+    with Store.open(store_path) as s:
+        assert s.workspace(os.fsencode(tmp_path / "w")) == ws
+        assert s.open_turn(ws) == s.epoch(t.id)
+        assert s.is_recorded(ws, t.id, b"a")
+        assert s.fsck().ok
+
+
+def test_two_opens_in_one_process_share_the_environment(store_path, tmp_path):
+    a = Store.open(store_path)
+    b = Store.open(store_path)
+    try:
+        ws = a.workspace(os.fsencode(tmp_path / "w"))
+        e = a.begin_turn(ws, "s", 1, "")
+        a.close()
+        assert b.open_turn(ws) == e        # b still works after a closed
+    finally:
+        b.close()
