@@ -1,0 +1,19 @@
+"""The overlay: the FUSE filesystem, capture, the daemon, the control socket, the CLI.
+
+Public surface (everything else is private to the package):
+``capture``/``snapshot`` (write-ahead capture), ``IgnoreRules``, ``open_parent``,
+``control_socket_path``, and the overlay's error classes.  Importing this package does
+not import pyfuse3 or trio; the filesystem and the daemon load them.
+"""
+
+from ._capture import capture, snapshot
+from ._ignore import IgnoreRules
+from ._paths import (AlreadyMounted, BadWorkspace, MountFailed, NotMounted,
+                     RefusedWorkspace, StaleMount, UsageError, control_socket_path)
+from ._resolve import PathEscape, open_parent
+
+__all__ = [
+    "AlreadyMounted", "BadWorkspace", "IgnoreRules", "MountFailed", "NotMounted",
+    "PathEscape", "RefusedWorkspace", "StaleMount", "UsageError", "capture",
+    "control_socket_path", "open_parent", "snapshot",
+]

@@ -1,0 +1,242 @@
+"""Capture: turn the real state of a workspace path into a ``PreImage`` (+ blob).
+
+One home for both users: the filesystem calls ``capture`` *before* a mutation reaches
+the real file (write-ahead, DESIGN invariant 1), and the restore engine calls it for its
+own pre-images in the rewind epoch.
+
+Guarantees:
+
+- Nothing is followed: the path is resolved under the root fd with ``O_NOFOLLOW``
+  components (``_resolve``), the final entry is ``lstat``-ed, a regular file is opened
+  ``O_NOFOLLOW`` and checked to be the inode that was stat-ed.
+- ``capture`` returns only after ``store.record`` committed (one LMDB write txn for
+  all paths), so when it returns the caller may mutate.  If it raises, nothing of the
+  caller's mutation may happen (fail closed, invariant 2).
+- A regular file's content is streamed into the store (``store.put_fd``); the store
+  deduplicates, so an unchanged large file costs one read and no second copy.
+
+Sockets and device nodes cannot be restored; they are recorded as ``absent`` (a rewind
+past their creation removes them, which is also what it does for their creation).
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import stat
+
+from store._errors import PathEscape
+from store._preimage import PreImage
+
+from ._resolve import open_dir, open_parent
+
+log = logging.getLogger(__name__)
+
+__all__ = ["capture", "rename_paths", "snapshot", "snapshot_at", "subtree"]
+
+_MISSING = (errno.ENOENT, errno.ENOTDIR)
+
+
+def read_xattrs(dir_fd: int, name: bytes) -> tuple[tuple[bytes, bytes], ...]:
+    """Every xattr of *name* in *dir_fd* (not following a symlink), sorted by name."""
+    # The directory itself by its fd; an entry through /proc without following it.
+    path, kw = (b"/proc/self/fd/%d/%s" % (dir_fd, name), {"follow_symlinks": False}) \
+        if name else (dir_fd, {})
+    try:
+        names = os.listxattr(path, **kw)
+    except OSError as exc:
+        if exc.errno in (errno.ENOTSUP, errno.EPERM, errno.EACCES):
+            return ()
+        raise
+    out = []
+    for xname in names:
+        try:
+            value = os.getxattr(path, xname, **kw)
+        except OSError as exc:
+            if exc.errno in (errno.ENODATA, errno.ENOTSUP, errno.EPERM, errno.EACCES):
+                continue
+            raise
+        out.append((os.fsencode(xname), value))
+    out.sort()
+    return tuple(out)
+
+
+def _file_content(dir_fd: int, name: bytes, st: os.stat_result, store) -> tuple[bytes, int]:
+    fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK,
+                 dir_fd=dir_fd)
+    try:
+        now = os.fstat(fd)
+        if (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
+            raise OSError(errno.EAGAIN, "file replaced while capturing")
+        return store.put_fd(fd)
+    finally:
+        os.close(fd)
+
+
+def snapshot_at(dir_fd: int, name: bytes, store, *, with_content: bool = True) -> PreImage:
+    """The image of entry *name* in directory *dir_fd* (``name == b""``: the dir itself)."""
+    try:
+        if name:
+            st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        else:
+            st = os.fstat(dir_fd)
+    except OSError as exc:
+        if exc.errno in _MISSING:
+            return PreImage.ABSENT
+        raise
+    common = dict(mode=stat.S_IMODE(st.st_mode), uid=st.st_uid, gid=st.st_gid,
+                  mtime_ns=st.st_mtime_ns)
+    fmt = stat.S_IFMT(st.st_mode)
+    if fmt == stat.S_IFREG:
+        key, size = (_file_content(dir_fd, name, st, store) if with_content
+                     else (b"\0" * 16, st.st_size))
+        group = b"%d:%d" % (st.st_dev, st.st_ino) if st.st_nlink > 1 else None
+        return PreImage("file", size=size, xattrs=read_xattrs(dir_fd, name), blob=key,
+                        link_group=group, **common)
+    if fmt == stat.S_IFLNK:
+        target = os.readlink(name, dir_fd=dir_fd)
+        return PreImage("symlink", size=len(target), xattrs=read_xattrs(dir_fd, name),
+                        target=target, **common)
+    if fmt == stat.S_IFDIR:
+        return PreImage("dir", xattrs=read_xattrs(dir_fd, name), **common)
+    if fmt == stat.S_IFIFO:
+        return PreImage("fifo", xattrs=read_xattrs(dir_fd, name), **common)
+    log.debug("recording %r (socket/device) as absent", name)
+    return PreImage.ABSENT
+
+
+def snapshot(root_fd: int, relpath: bytes, store, *, with_content: bool = True) -> PreImage:
+    """Stat the real *relpath* (never following symlinks) and return its ``PreImage``.
+
+    A regular file's content is streamed into the store unless ``with_content`` is
+    false (then ``blob`` is a placeholder of 16 zero bytes, for dry runs).  ``ABSENT``
+    if the path (or a parent) does not exist.  A symlinked parent raises ``PathEscape``.
+    """
+    if relpath == b"":
+        fd = open_dir(root_fd, b"")
+        try:
+            return snapshot_at(fd, b"", store, with_content=with_content)
+        finally:
+            os.close(fd)
+    try:
+        dir_fd, name = open_parent(root_fd, relpath)
+    except OSError as exc:
+        if exc.errno in _MISSING:
+            return PreImage.ABSENT
+        raise
+    try:
+        return snapshot_at(dir_fd, name, store, with_content=with_content)
+    finally:
+        os.close(dir_fd)
+
+
+def capture(root_fd: int, store, ws: int, epoch_id: int, relpaths, *,
+            parent=None) -> list[bytes]:
+    """Record the current state of every path in *relpaths* not yet recorded in the epoch.
+
+    Write-ahead: returns after one committed ``store.record`` call; raises (``StoreFull``,
+    ``StoreError``, ``OSError``) with nothing recorded on failure.  Returns the paths
+    newly recorded (paths already recorded in that epoch keep their first image).
+    ``parent(relpath)``, if given, is a context manager yielding ``(dir_fd, name)`` for
+    a path (the filesystem passes its cached directory fds); the default walks from the
+    root with ``open_parent``.
+    """
+    todo = []
+    seen = set()
+    for path in relpaths:
+        if path in seen:
+            continue
+        seen.add(path)
+        if not store.is_recorded(ws, epoch_id, path):
+            todo.append(path)
+    if not todo:
+        return []
+    if parent is None:
+        entries = [(path, snapshot(root_fd, path, store)) for path in todo]
+    else:
+        entries = [(path, _snapshot_via(parent, root_fd, path, store)) for path in todo]
+    fresh = store.record(ws, epoch_id, entries)
+    return [path for path, new in zip(todo, fresh) if new]
+
+
+def _snapshot_via(parent, root_fd: int, relpath: bytes, store) -> PreImage:
+    if relpath == b"":
+        return snapshot(root_fd, relpath, store)
+    try:
+        with parent(relpath) as (dir_fd, name):
+            return snapshot_at(dir_fd, name, store)
+    except OSError as exc:
+        if exc.errno in _MISSING:
+            return PreImage.ABSENT
+        raise
+
+
+def rename_paths(root_fd: int, old: bytes, new: bytes, old_is_dir: bool,
+                 new_is_dir: bool | None, *, exchange: bool = False) -> list:
+    """Every ``(path, is_dir)`` a rename changes, to capture before it happens.
+
+    The moved subtree at its source *and* at its destination (where each path's state
+    is usually ``absent``), and an overwritten destination (``new_is_dir`` is None when
+    nothing is there).  With ``exchange`` both subtrees move, so both are listed at both
+    places.
+    """
+    items = []
+    for p, d in subtree(root_fd, old, old_is_dir):
+        items += [(p, d), (new + p[len(old):], d)]
+    if new_is_dir is not None:
+        for p, d in subtree(root_fd, new, new_is_dir):
+            items.append((p, d))
+            if exchange:
+                items.append((old + p[len(new):], d))
+    return items
+
+
+def subtree(root_fd: int, relpath: bytes, is_dir: bool | None = None):
+    """Yield ``(path, is_dir)`` for *relpath* and, if it is a real directory, every path
+    below it (pre-order).  Symlinks are listed, never entered; vanished paths are skipped.
+    """
+    if is_dir is None:
+        try:
+            is_dir = stat.S_ISDIR(_lstat(root_fd, relpath).st_mode)
+        except OSError:
+            is_dir = False
+    yield relpath, is_dir
+    if not is_dir:
+        return
+    try:
+        fd = open_dir(root_fd, relpath)
+    except (OSError, PathEscape):
+        return
+    stack = [(fd, relpath)]
+    try:
+        while stack:
+            dfd, base = stack.pop()
+            try:
+                for entry in os.scandir(dfd):
+                    child = (base + b"/" if base else b"") + os.fsencode(entry.name)
+                    sub = entry.is_dir(follow_symlinks=False)
+                    yield child, sub
+                    if sub:
+                        try:
+                            cfd = os.open(os.fsencode(entry.name), os.O_RDONLY |
+                                          os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                                          dir_fd=dfd)
+                        except OSError:
+                            continue
+                        stack.append((cfd, child))
+            finally:
+                os.close(dfd)
+    finally:
+        for dfd, _ in stack:
+            os.close(dfd)
+
+
+def _lstat(root_fd: int, relpath: bytes) -> os.stat_result:
+    if relpath == b"":
+        return os.fstat(root_fd)
+    dir_fd, name = open_parent(root_fd, relpath)
+    try:
+        return os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    finally:
+        os.close(dir_fd)

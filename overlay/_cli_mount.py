@@ -1,0 +1,347 @@
+"""CLI commands around the daemon: mount, unmount, run, turn begin|end, status, fsck.
+
+``mount`` without ``--foreground`` forks the daemon and returns 0 once the mount is
+live (or prints the daemon's startup error with its exit code); the daemon logs to
+``<control socket path>.log``.  Commands that talk to a daemon find it from any
+directory inside the workspace (``find_daemon``), or from ``-C DIR``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import json
+import logging
+import os
+import subprocess
+import time
+
+from store._errors import RewindfsError
+
+from . import _daemon, _protocol
+from ._paths import (AlreadyMounted, MountFailed, NotMounted, UsageError, check_workspace,
+                     control_socket_path, is_inside, resolve_store_path)
+
+log = logging.getLogger(__name__)
+
+__all__ = ["HANDLERS", "find_daemon", "register", "spawn_daemon", "unmount_workspace"]
+
+_UNMOUNT_WAIT_S = 30.0
+
+
+# -- helpers shared with other CLI modules ----------------------------------------------
+
+def find_daemon(start, store_path) -> tuple[bytes, bytes]:
+    """``(workspace real path, socket path)`` of the daemon serving *start* or a parent."""
+    path = os.path.realpath(os.fsencode(start))
+    while True:
+        sock = control_socket_path(store_path, path)
+        if os.path.exists(sock):
+            return path, sock
+        if path == b"/":
+            raise NotMounted(path=os.fsdecode(os.path.realpath(os.fsencode(start))))
+        path = os.path.dirname(path)
+
+
+def call_daemon(args, method: str, params=None, *, on_event=None) -> dict:
+    """Send one request to the daemon of ``args.workspace`` (default: the cwd's)."""
+    store = resolve_store_path(args.store)
+    _, sock = find_daemon(getattr(args, "workspace", None) or ".", store)
+    try:
+        return _protocol.call(sock, method, params or {}, on_event=on_event)
+    except (ConnectionRefusedError, FileNotFoundError):
+        raise NotMounted(path=os.fsdecode(getattr(args, "workspace", None) or os.getcwd())) from None
+
+
+def _log_path(store, real: bytes) -> bytes:
+    return control_socket_path(store, real)[: -len(b".sock")] + b".log"
+
+
+def spawn_daemon(dir_path, store, *, recover: bool = False) -> int:
+    """Fork a daemon for *dir_path*; return its pid once it is mounted, or raise its
+    startup error."""
+    real = check_workspace(dir_path, store) if not recover else os.path.realpath(
+        os.fsencode(dir_path))
+    logfile = _log_path(store, real)
+    os.makedirs(os.path.dirname(logfile), mode=0o700, exist_ok=True)
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the daemon
+        os.close(r)
+        os._exit(_daemon_child(dir_path, store, recover, w, logfile))
+    os.close(w)
+    with os.fdopen(r, "rb") as pipe:
+        line = pipe.readline()
+    if line == b"ok\n":
+        return pid
+    os.waitpid(pid, os.WNOHANG)
+    if not line:
+        raise MountFailed(path=os.fsdecode(dir_path),
+                          reason=f"the daemon exited early; see {os.fsdecode(logfile)}")
+    raise _protocol.error_from_dict(json.loads(line))
+
+
+def _daemon_child(dir_path, store, recover, w, logfile) -> int:
+    try:
+        os.setsid()
+        log_fd = os.open(logfile, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        null = os.open(os.devnull, os.O_RDWR)
+        os.dup2(null, 0)
+        os.dup2(log_fd, 1)
+        os.dup2(log_fd, 2)
+        os.close(null)
+        os.close(log_fd)
+        logging.basicConfig(level=logging.INFO, force=True,
+                            format="%(asctime)s %(process)d %(name)s: %(message)s")
+
+        def ready():
+            os.write(w, b"ok\n")
+            os.close(w)
+
+        return _daemon.serve_mount(dir_path, store, recover=recover, ready=ready)
+    except BaseException as exc:  # report to the waiting parent, never unwind into it
+        logging.getLogger(__name__).exception("daemon failed")
+        try:
+            os.write(w, _daemon.error_line(exc))
+        except OSError:
+            pass
+        return exc.exit_code if isinstance(exc, RewindfsError) else 2
+
+
+def unmount_workspace(dir_path, store) -> str:
+    """Unmount cleanly (ask the daemon, then ``fusermount3 -u``); returns how it went."""
+    raw = os.fsencode(dir_path)
+    real = os.path.realpath(raw)
+    try:
+        os.statvfs(real)  # statfs always reaches the daemon (stat may come from cache)
+    except OSError as exc:
+        if exc.errno == errno.ENOTCONN:  # a dead daemon's mount
+            _daemon.lazy_unmount(real)
+            return "stale mount detached"
+        raise NotMounted(path=os.fsdecode(raw)) from None
+    if not _daemon.find_rewindfs_mount(real):
+        raise NotMounted(path=os.fsdecode(real))
+    try:
+        _protocol.call(control_socket_path(store, real), "unmount", {}, timeout=30)
+    except (OSError, RewindfsError) as exc:
+        log.info("daemon did not answer (%s); using fusermount3 -u", exc)
+        subprocess.run(["fusermount3", "-u", os.fsdecode(real)], check=False)
+    deadline = time.monotonic() + _UNMOUNT_WAIT_S
+    while _daemon.find_rewindfs_mount(real):
+        if time.monotonic() > deadline:
+            raise MountFailed(path=os.fsdecode(real), reason="still mounted (busy?)")
+        time.sleep(0.02)
+    return "unmounted"
+
+
+# -- commands ------------------------------------------------------------------------------
+
+def cmd_mount(args, out) -> int:
+    store = resolve_store_path(args.store)
+    real = os.path.realpath(os.fsencode(args.dir))
+    cwd = os.path.realpath(os.getcwd().encode())
+    if is_inside(cwd, real):
+        out.warn(f"your working directory is inside {os.fsdecode(real)}: this shell still "
+                 f"sees the bare directory and its writes bypass capture; re-enter it: "
+                 f'cd "$PWD"')
+    if args.foreground:
+        # Computed now: realpath() on the workspace once it is mounted would stat our
+        # own mount from the daemon's thread before it serves, and hang.
+        sock = os.fsdecode(control_socket_path(store, real))
+
+        def ready():
+            out.emit("mounted", workspace=os.fsdecode(real), pid=os.getpid(), socket=sock)
+            out.say(f"mounted {os.fsdecode(real)} (pid {os.getpid()})")
+
+        return _daemon.serve_mount(args.dir, store, recover=args.recover, ready=ready,
+                                   writeback=args.writeback)
+    spawn_daemon(args.dir, store, recover=args.recover)
+    out.emit("mounted", workspace=os.fsdecode(real),
+             socket=os.fsdecode(control_socket_path(store, real)))
+    out.say(f"mounted {os.fsdecode(real)}")
+    return 0
+
+
+def cmd_unmount(args, out) -> int:
+    how = unmount_workspace(args.dir, resolve_store_path(args.store))
+    out.emit("unmounted", workspace=os.fsdecode(os.path.realpath(os.fsencode(args.dir))),
+             how=how)
+    out.say(how)
+    return 0
+
+
+def cmd_run(args, out) -> int:
+    cmd = list(args.cmd)
+    if cmd and cmd[0] == "--":
+        cmd = cmd[1:]
+    if not cmd:
+        raise UsageError("rewindfs run: name a command to run (rewindfs run -- CMD …)")
+    store = resolve_store_path(args.store)
+    ws_dir = args.dir or "."
+    cwd = os.getcwd()  # a path string: resolving it again after the mount re-enters it
+    daemon = None
+    try:
+        daemon = spawn_daemon(ws_dir, store)
+    except AlreadyMounted:
+        out.say("already mounted; running inside the existing mount")
+    try:
+        try:
+            return subprocess.call(cmd, cwd=cwd)
+        except FileNotFoundError:
+            out.warn(f"command not found: {cmd[0]}")
+            return 127
+    finally:
+        if daemon is not None:
+            unmount_workspace(ws_dir, store)
+            os.waitpid(daemon, 0)  # our child: reap it
+
+
+def cmd_turn_begin(args, out) -> int:
+    res = call_daemon(args, "turn.begin", {"session": args.session, "turn": args.turn,
+                                           "label": args.label})
+    out.emit("turn.begun", session=args.session, turn=args.turn, epoch=res["epoch"])
+    out.say(f"turn {args.turn} of {args.session} began (epoch {res['epoch']})")
+    return 0
+
+
+def cmd_turn_end(args, out) -> int:
+    params = {"session": args.session} if args.session else {}
+    res = call_daemon(args, "turn.end", params)
+    out.emit("turn.ended", epoch=res["epoch"])
+    out.say(f"turn ended (now epoch {res['epoch']}, idle)")
+    return 0
+
+
+def _offline_status(args) -> dict:
+    """Status of an unmounted workspace, straight from the store (read-only)."""
+    from store import Store, StoreError
+
+    start = os.path.realpath(os.fsencode(getattr(args, "workspace", None) or "."))
+    try:
+        store = Store.open(resolve_store_path(args.store), create=False)
+    except StoreError:
+        raise NotMounted(path=os.fsdecode(start)) from None
+    with store:
+        known = dict((path, ws) for ws, path in store.workspaces())
+        path = start
+        while path not in known:
+            if path == b"/":
+                raise NotMounted(path=os.fsdecode(start))
+            path = os.path.dirname(path)
+        ws = known[path]
+        cur = store.current_epoch(ws)
+        turn = store.open_turn(ws)
+        return {"workspace": os.fsdecode(path), "store": str(store.path), "mounted": False,
+                "epoch": cur.id, "epoch_kind": cur.kind, "intent": bool(store.get_intent(ws)),
+                "open_turn": None if turn is None else {
+                    "epoch": turn.id, "session": turn.session, "turn": turn.turn,
+                    "label": turn.label}}
+
+
+def cmd_status(args, out) -> int:
+    try:
+        res = call_daemon(args, "status")
+    except NotMounted:
+        res = _offline_status(args)
+    out.emit("status", **res)
+    if not res["mounted"]:
+        out.say(f"[bold]{res['workspace']}[/] is not mounted; epoch {res['epoch']} "
+                f"({res['epoch_kind']})")
+        if res.get("intent"):
+            out.warn("an interrupted rewind is pending; it finishes at the next mount")
+        return 0
+    if not out.json:
+        turn = res.get("open_turn")
+        turn_s = f"turn {turn['turn']} of {turn['session']}" if turn else "no open turn"
+        out.say(f"[bold]{res['workspace']}[/] mounted (pid {res['pid']})")
+        out.say(f"  epoch {res['epoch']} ({res['epoch_kind']}), {turn_s}")
+        out.say(f"  store {res['store']}")
+        out.say(f"  socket {res['socket']}")
+        if res.get("bypass_writes"):
+            out.warn(f"processes {res['bypass_writes']['pids']} work in the bare directory "
+                     f'under the mount; their writes are not captured (cd "$PWD")')
+        if res.get("intent"):
+            out.warn("an interrupted rewind is pending")
+    return 0
+
+
+def cmd_fsck(args, out) -> int:
+    from store import Store
+
+    with Store.open(resolve_store_path(args.store), create=False) as store:
+        report = store.fsck()
+    data = report.to_dict()
+    for p in data["problems"]:
+        out.emit("fsck.problem", **p)
+        out.say(f"[red]{p.get('code')}[/]: {p.get('message')}")
+    out.emit("fsck", ok=report.ok, problems=len(data["problems"]),
+             blobs_checked=data["blobs_checked"], entries_checked=data["entries_checked"])
+    out.say("store is sound" if report.ok else f"{len(report.errors)} error(s)")
+    return 0 if report.ok else 1
+
+
+HANDLERS = {
+    "mount": cmd_mount,
+    "unmount": cmd_unmount,
+    "run": cmd_run,
+    "turn.begin": cmd_turn_begin,
+    "turn.end": cmd_turn_end,
+    "status": cmd_status,
+    "fsck": cmd_fsck,
+}
+
+
+def _common(p) -> None:
+    """``--json``/``--store`` also after the subcommand (the global ones stay default)."""
+    p.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
+                   help="print JSON Lines")
+    p.add_argument("--store", metavar="PATH", default=argparse.SUPPRESS, help="store path")
+
+
+def register(sub) -> None:
+    """Add this module's subcommands to the ``rewindfs`` parser."""
+    p = sub.add_parser("mount", help="mount the FUSE overlay over DIR")
+    p.add_argument("dir", metavar="DIR")
+    p.add_argument("--foreground", action="store_true", help="serve in this process")
+    p.add_argument("--recover", action="store_true",
+                   help="detach a stale mount left by a dead daemon first")
+    p.add_argument("--writeback", action="store_true", help=argparse.SUPPRESS)
+    _common(p)
+    p.set_defaults(command="mount")
+
+    p = sub.add_parser("unmount", help="unmount DIR cleanly")
+    p.add_argument("dir", metavar="DIR")
+    _common(p)
+    p.set_defaults(command="unmount")
+
+    p = sub.add_parser("run", help="mount, run CMD inside, unmount; exit with CMD's code")
+    p.add_argument("--dir", metavar="DIR", help="workspace (default: the current directory)")
+    p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="CMD")
+    _common(p)
+    p.set_defaults(command="run")
+
+    turn = sub.add_parser("turn", help="mark turn boundaries")
+    tsub = turn.add_subparsers(dest="turn_command", metavar="begin|end",
+                               parser_class=type(turn))
+    turn.set_defaults(command=None)
+    p = tsub.add_parser("begin", help="start a turn")
+    p.add_argument("--session", required=True)
+    p.add_argument("--turn", type=int, required=True)
+    p.add_argument("--label", default="")
+    p.add_argument("-C", dest="workspace", metavar="DIR")
+    _common(p)
+    p.set_defaults(command="turn.begin")
+    p = tsub.add_parser("end", help="end the open turn")
+    p.add_argument("--session")
+    p.add_argument("-C", dest="workspace", metavar="DIR")
+    _common(p)
+    p.set_defaults(command="turn.end")
+
+    p = sub.add_parser("status", help="show the daemon serving this workspace")
+    p.add_argument("-C", dest="workspace", metavar="DIR")
+    _common(p)
+    p.set_defaults(command="status")
+
+    p = sub.add_parser("fsck", help="check the store's consistency")
+    _common(p)
+    p.set_defaults(command="fsck")

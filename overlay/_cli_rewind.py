@@ -1,0 +1,316 @@
+"""CLI commands of the restore engine: log, rewind, redo, diff, show, gc.
+
+Each command works through the daemon's control socket when the workspace is mounted,
+and straight on the directory from the store when it is not (``open_workspace``): the
+same method code (``_rewind_service.SYNC``) runs in this process then, after finishing
+any interrupted rewind (``recover``).  The workspace is ``-C/--dir DIR`` or the current
+directory, or any directory inside one.  Rendering lives in ``_cli_rewind_view``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import contextlib
+import os
+import socket
+
+from store._errors import PathEscape, RewindfsError
+
+from . import _cli_rewind_view as V
+from . import _protocol
+from ._cli_mount import find_daemon
+from ._paths import NotMounted, StaleMount, is_inside, resolve_store_path
+
+__all__ = ["HANDLERS", "NotAWorkspace", "open_workspace", "register"]
+
+
+class NotAWorkspace(RewindfsError):
+    """{path} is not a rewindfs workspace (no history in store {store}); mount it first."""
+
+    code = "not-a-workspace"
+
+
+# -- where a command runs ---------------------------------------------------------------
+
+class _Mounted:
+    mounted = True
+
+    def __init__(self, root: bytes, sock: bytes):
+        self.root, self.sock = root, sock
+
+    def call(self, method: str, params: dict, on_event=None) -> dict:
+        return _protocol.call(self.sock, method, params, on_event=on_event)
+
+    def points(self, session=None) -> list[dict]:
+        return self.call("points", {"session": session} if session else {})["points"]
+
+
+class _Offline:
+    mounted = False
+
+    def __init__(self, store, ws: int, root: bytes, root_fd: int):
+        self.store, self.ws, self.root, self.root_fd = store, ws, root, root_fd
+
+    def call(self, method: str, params: dict, on_event=None) -> dict:
+        from ._rewind_service import call_local
+        return call_local(self, method, params, on_event)
+
+    def points(self, session=None) -> list[dict]:
+        if session is None:
+            epochs = self.store.epochs(self.ws)
+        else:
+            epochs = [self.store.epoch(e) for _t, e in self.store.session_points(self.ws, session)]
+        return [_protocol._epoch_dict(e) for e in epochs]
+
+
+def _alive(sock: bytes) -> bool:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        try:
+            s.connect(sock)
+        except OSError:
+            return False
+    return True
+
+
+@contextlib.contextmanager
+def open_workspace(args, out):
+    """Yield the daemon of the workspace (mounted) or an offline handle on it."""
+    store_path = resolve_store_path(args.store)
+    start = os.fsencode(_start(args))
+    try:
+        root, sock = find_daemon(start, store_path)
+    except NotMounted:
+        sock = None
+    if sock is not None and _alive(sock):
+        yield _Mounted(root, sock)
+        return
+    with _offline(store_path, start, out) as ws:
+        yield ws
+
+
+@contextlib.contextmanager
+def _offline(store_path, start: bytes, out):
+    from store import Store
+
+    from ._daemon import find_rewindfs_mount
+    from ._restore import recover
+
+    real = os.path.realpath(start)
+    with Store.open(store_path, create=False) as store:
+        roots = [(r, ws) for ws, r in store.workspaces() if is_inside(real, r)]
+        if not roots:
+            raise NotAWorkspace(path=os.fsdecode(real), store=str(store_path))
+        root, ws = max(roots)
+        if find_rewindfs_mount(root):
+            raise StaleMount(path=os.fsdecode(root))
+        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            if recover(fd, store, ws) is not None:
+                out.warn("finished an interrupted rewind first")
+            yield _Offline(store, ws, root, fd)
+        finally:
+            os.close(fd)
+
+
+def _start(args) -> str:
+    return getattr(args, "dir", None) or getattr(args, "workspace", None) or "."
+
+
+def _rel_paths(args, root: bytes) -> list[str] | None:
+    """``--path`` values (relative to the workspace dir given, else the cwd) → paths
+    relative to the workspace root; one outside it is refused (exit 3)."""
+    if not getattr(args, "path", None):
+        return None
+    base = os.path.realpath(os.fsencode(_start(args)))
+    out = []
+    for p in args.path:
+        full = os.path.normpath(os.path.join(base, os.fsencode(p)))
+        if not is_inside(full, root):
+            raise PathEscape(path=p, reason="it lies outside the workspace "
+                             + os.fsdecode(root))
+        out.append(os.fsdecode(os.path.relpath(full, root)) if full != root else "")
+    return out
+
+
+# -- commands -------------------------------------------------------------------------
+
+def cmd_log(args, out) -> int:
+    with open_workspace(args, out) as ws:
+        V.render_log(out, ws.points(args.session), mounted=ws.mounted)
+    return 0
+
+
+def _rewind_like(args, out, method: str, params: dict) -> int:
+    with open_workspace(args, out) as ws:
+        if getattr(args, "path", None):
+            params["paths"] = _rel_paths(args, ws.root)
+        view = V.RewindView(out, dry_run=args.dry_run)
+        with view:
+            result = ws.call(method, params, on_event=view.event)
+        view.finish(result)
+    return 1 if result.get("failed") else 0
+
+
+def cmd_rewind(args, out) -> int:
+    params = {"to": args.point, "dry_run": args.dry_run, "force": args.force}
+    if args.session:
+        params["session"] = args.session
+    if args.undo_for:
+        params["undo_for"] = args.undo_for
+    return _rewind_like(args, out, "rewind", params)
+
+
+def cmd_redo(args, out) -> int:
+    params = {"dry_run": args.dry_run, "force": args.force}
+    if args.session:
+        params["session"] = args.session
+    return _rewind_like(args, out, "redo", params)
+
+
+def cmd_diff(args, out) -> int:
+    with open_workspace(args, out) as ws:
+        params = {"a": args.a}
+        if args.b is not None:
+            params["b"] = args.b
+        if args.session:
+            params["session"] = args.session
+        if args.path:
+            params["paths"] = _rel_paths(args, ws.root)
+        res = ws.call("diff", params)
+
+        def content(point, path):
+            r = ws.call("show", {"point": f"e{point}", "path": path} if point is not None
+                        else {"path": path})
+            return base64.b64decode(r["content_b64"]) if r["exists"] else None
+
+        V.render_diff(out, res, content)
+    return 0
+
+
+def cmd_show(args, out) -> int:
+    with open_workspace(args, out) as ws:
+        params = {"point": args.point, "path": _rel_paths(_PathArgs(args), ws.root)[0]}
+        if args.session:
+            params["session"] = args.session
+        res = ws.call("show", params)
+    if not res["exists"]:
+        raise V.Absent(path=args.file, point=args.point)
+    data = base64.b64decode(res["content_b64"])
+    if out.json:
+        out.emit("show", path=args.file, point=res["point"], content_b64=res["content_b64"])
+    else:
+        out.stream.flush()
+        os.write(out.stream.fileno(), data) if _has_fd(out.stream) else out.stream.write(
+            data.decode("utf-8", "replace"))
+    return 0
+
+
+class _StoreOnly:
+    def __init__(self, store):
+        self.store = store
+
+
+class _PathArgs:
+    def __init__(self, args):
+        self.path, self.dir, self.workspace = [args.file], args.dir, args.workspace
+
+
+def _has_fd(stream) -> bool:
+    try:
+        stream.fileno()
+        return True
+    except (AttributeError, OSError, ValueError):
+        return False
+
+
+def cmd_gc(args, out) -> int:
+    params = {"grace_s": args.grace}
+    if args.keep_epochs is not None:
+        params["keep_epochs"] = args.keep_epochs
+    if args.max_age is not None:
+        params["max_age_s"] = V.parse_duration(args.max_age)
+    if args.max_bytes is not None:
+        params["max_bytes"] = V.parse_size(args.max_bytes)
+    store_path = resolve_store_path(args.store)
+    try:
+        _root, sock = find_daemon(os.fsencode(_start(args)), store_path)
+    except NotMounted:
+        sock = None
+    if sock is not None and _alive(sock):
+        report = _protocol.call(sock, "gc", params)
+    else:   # gc is store-wide: no workspace needed
+        from store import Store
+
+        from ._rewind_service import gc_sync
+        with Store.open(store_path, create=False) as store:
+            report = gc_sync(_StoreOnly(store), params, None)
+    V.render_gc(out, report)
+    return 0
+
+
+HANDLERS = {"log": cmd_log, "rewind": cmd_rewind, "redo": cmd_redo, "diff": cmd_diff,
+            "show": cmd_show, "gc": cmd_gc}
+
+
+# -- parsers ----------------------------------------------------------------------------
+
+def _where(p) -> None:
+    p.add_argument("-C", "--dir", dest="workspace", metavar="DIR",
+                   help="the workspace (default: the current directory)")
+    # Also accepted after the command name; SUPPRESS keeps the global value otherwise.
+    p.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
+                   help="print JSON Lines")
+    p.add_argument("--store", metavar="PATH", default=argparse.SUPPRESS, help="store path")
+
+
+def register(sub) -> None:
+    """Add this module's subcommands to the ``rewindfs`` parser."""
+    p = sub.add_parser("log", help="the history: epochs, turns, rewinds (newest last)")
+    p.add_argument("dir", nargs="?", metavar="DIR")
+    p.add_argument("--session", help="only the points of this session (with inherited ones)")
+    _where(p)
+    p.set_defaults(command="log")
+
+    p = sub.add_parser("rewind", help="put the workspace back to the start of a turn/epoch")
+    p.add_argument("point", metavar="POINT",
+                   help="absolute turn number (with --session), tN, or epoch id eN")
+    _rewind_options(p)
+    p.add_argument("--path", action="append", metavar="P", help="only this path (repeatable)")
+    p.add_argument("--undo-for", metavar="S", help="attribute the rewind to session S "
+                   "(its `redo --session S` undoes it)")
+    p.set_defaults(command="rewind", dir=None)
+
+    p = sub.add_parser("redo", help="undo the newest rewind (of --session)")
+    _rewind_options(p)
+    p.set_defaults(command="redo", dir=None)
+
+    p = sub.add_parser("diff", help="what changed between two points (B default: now)")
+    p.add_argument("a", metavar="A")
+    p.add_argument("b", metavar="B", nargs="?")
+    p.add_argument("--path", action="append", metavar="P")
+    p.add_argument("--session")
+    _where(p)
+    p.set_defaults(command="diff", dir=None)
+
+    p = sub.add_parser("show", help="print a file as it was at POINT")
+    p.add_argument("point", metavar="POINT")
+    p.add_argument("file", metavar="PATH")
+    p.add_argument("--session")
+    _where(p)
+    p.set_defaults(command="show", dir=None)
+
+    p = sub.add_parser("gc", help="drop old history and unreferenced blobs")
+    p.add_argument("--keep-epochs", type=int, metavar="N", help="keep the newest N epochs")
+    p.add_argument("--max-age", metavar="DUR", help="drop epochs older than DUR (30d, 12h)")
+    p.add_argument("--max-bytes", metavar="SIZE", help="shrink history below SIZE (500M)")
+    p.add_argument("--grace", type=float, default=3600.0, metavar="S", help=argparse.SUPPRESS)
+    _where(p)
+    p.set_defaults(command="gc", dir=None)
+
+
+def _rewind_options(p) -> None:
+    p.add_argument("--dry-run", action="store_true", help="print the plan, change nothing")
+    p.add_argument("--session", metavar="S", help="the session whose turn numbers POINT uses")
+    p.add_argument("--force", action="store_true", help="even while a turn is open")
+    _where(p)

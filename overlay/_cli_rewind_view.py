@@ -1,0 +1,232 @@
+"""Rendering for the restore commands: the history table, rewind progress, diffs.
+
+People get rich tables and a progress bar on a terminal; ``--json`` gets one JSON Lines
+record per event (``{"v":1,"type":"rewind.written",…}``) and nothing else on stdout.
+"""
+
+from __future__ import annotations
+
+import datetime
+import difflib
+import re
+
+from rich.markup import escape
+from rich.table import Table
+
+from store._errors import EXIT_USAGE, RewindfsError
+
+__all__ = ["Absent", "RewindView", "parse_duration", "parse_size", "render_diff",
+           "render_gc", "render_log"]
+
+
+class Absent(RewindfsError):
+    """{path} did not exist at point {point}."""
+
+    code = "absent"
+
+
+class BadAmount(RewindfsError):
+    """Cannot read {value!r} as {what}."""
+
+    code = "bad-amount"
+    exit_code = EXIT_USAGE
+
+
+def _when(ns) -> str:
+    if not ns:
+        return ""
+    return datetime.datetime.fromtimestamp(ns / 1e9).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def human_bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def parse_duration(text: str) -> float:
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*", text)
+    if not m:
+        raise BadAmount(value=text, what="a duration (e.g. 90s, 12h, 30d)")
+    scale = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}[m.group(2)]
+    return float(m.group(1)) * scale
+
+
+def parse_size(text: str) -> int:
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*", text.lower())
+    if not m:
+        raise BadAmount(value=text, what="a size (e.g. 500M, 2G)")
+    return int(float(m.group(1)) * 1024 ** " kmgt".index(m.group(2) or " "))
+
+
+# -- log --------------------------------------------------------------------------------
+
+def render_log(out, points: list[dict], *, mounted: bool) -> None:
+    if out.json:
+        for p in points:
+            out.emit("epoch", **p)
+        return
+    table = Table(title=None, show_edge=False, header_style="bold")
+    for col in ("epoch", "kind", "session", "turn", "label", "time", "files", "bytes"):
+        table.add_column(col, justify="right" if col in ("epoch", "turn", "files", "bytes")
+                         else "left", overflow="fold" if col == "label" else "ellipsis",
+                         no_wrap=col != "label")
+    for p in points:
+        label = p.get("label") or ""
+        if p["kind"] == "rewind" and p.get("target") is not None:
+            label = f"→ point e{p['target']}" + (f" {label}" if label else "")
+        style = {"turn": "", "idle": "dim", "rewind": "magenta"}.get(p["kind"], "")
+        table.add_row(f"e{p['epoch']}", p["kind"], p.get("session") or "",
+                      str(p["turn"]) if p.get("turn") is not None else "", escape(label),
+                      _when(p.get("started_ns")), str(p.get("paths", 0)),
+                      human_bytes(p.get("bytes", 0)), style=style)
+    out.console.print(table)
+    if not points:
+        out.say("no history yet")
+
+
+# -- rewind / redo -------------------------------------------------------------------------
+
+class RewindView:
+    """Consumes rewind events: JSON Lines, or a summary + progress bar for people."""
+
+    def __init__(self, out, *, dry_run: bool):
+        self.out, self.dry_run = out, dry_run
+        self.progress = self.task = None
+        self.planned: dict = {}
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if self.progress is not None:
+            self.progress.stop()
+
+    def event(self, ev: dict) -> None:
+        if self.out.json:
+            self.out.emit(ev.get("type", "event"), **{k: v for k, v in ev.items()
+                                                         if k != "type"})
+            return
+        kind = ev.get("type")
+        if kind == "rewind.planned":
+            self._planned(ev)
+        elif kind in ("rewind.written", "rewind.deleted") and self.progress is not None:
+            self.progress.advance(self.task)
+        elif kind == "rewind.failed":
+            self.out.console.print(f"[red]failed[/] {escape(ev['path'])}: "
+                                   f"{escape(ev['message'])} [dim]({ev['code']})[/]")
+
+    def _planned(self, ev: dict) -> None:
+        self.planned = ev
+        total = sum(ev.get(k, 0) for k in ("written", "created", "deleted", "meta"))
+        self.out.say(f"{'plan for' if self.dry_run else 'rewinding to'} point "
+                     f"[bold]e{ev['target']}[/]: {ev.get('written', 0)} written, "
+                     f"{ev.get('created', 0)} created, {ev.get('deleted', 0)} deleted, "
+                     f"{ev.get('meta', 0)} metadata-only")
+        if not self.dry_run and total and self.out.console.is_terminal:
+            from rich.progress import Progress
+            self.progress = Progress(console=self.out.console, transient=True)
+            self.progress.start()
+            self.task = self.progress.add_task("restoring", total=total)
+
+    def finish(self, result: dict) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+            self.progress = None
+        if self.out.json:
+            return
+        if self.dry_run:
+            self._plan_table(result.get("changes", []))
+        foreign = result.get("foreign") or []
+        if foreign:
+            self.out.say(f"[yellow]{len(foreign)} path(s) were last changed outside this "
+                         f"session's turns[/] (a person between turns, or another session):")
+            for f in foreign:
+                who = "idle (between turns)" if f["kind"] == "idle" else (
+                    f"session {f['session']} turn {f['turn']}")
+                self.out.say(f"  {escape(f['path'])}  [dim]{who}, e{f['epoch']}[/]")
+        if not self.dry_run:
+            failed = result.get("failed") or []
+            done = sum(result.get(k, 0) for k in ("written", "created", "deleted", "meta"))
+            line = f"restored {done} path(s) as rewind epoch e{result.get('epoch')}"
+            self.out.say(line + (f"; [red]{len(failed)} failed[/] (exit 1)" if failed else ""))
+
+    def _plan_table(self, changes: list[dict]) -> None:
+        if not changes:
+            self.out.say("nothing to change")
+            return
+        table = Table(show_edge=False, header_style="bold")
+        table.add_column("change")
+        table.add_column("path", overflow="fold")
+        colour = {"created": "green", "deleted": "red", "written": "yellow", "meta": "cyan"}
+        for c in changes:
+            name = "metadata" if c["change"] == "meta" else c["change"]
+            table.add_row(f"[{colour.get(c['change'], '')}]{name}[/]", escape(c["path"]))
+        self.out.console.print(table)
+
+
+# -- diff ---------------------------------------------------------------------------------
+
+def _is_text(data: bytes | None) -> bool:
+    if data is None:
+        return True
+    if b"\0" in data[:8192]:
+        return False
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def _diff_lines(change: dict, a_name: str, b_name: str, a: bytes | None, b: bytes | None):
+    path = change["path"]
+    if change["a_kind"] not in ("file", "absent") or change["b_kind"] not in ("file", "absent"):
+        return None, f"{path}: {change['a_kind']} → {change['b_kind']}"
+    if a == b:
+        return None, f"{path}: mode {change['a_mode']:o} → {change['b_mode']:o}"
+    if not (_is_text(a) and _is_text(b)):
+        size = lambda d: "absent" if d is None else f"{len(d)} bytes"  # noqa: E731
+        return None, f"Binary {path}: {size(a)} → {size(b)}"
+    lines = difflib.unified_diff(
+        (a or b"").decode().splitlines(keepends=True), (b or b"").decode().splitlines(keepends=True),
+        fromfile="/dev/null" if a is None else f"a/{path} ({a_name})",
+        tofile="/dev/null" if b is None else f"b/{path} ({b_name})")
+    return list(lines), None
+
+
+def render_diff(out, res: dict, content) -> None:
+    """``content(epoch_or_None, path) -> bytes | None`` fetches one side."""
+    a_name = f"e{res['a']}"
+    b_name = "now" if res.get("b") is None else f"e{res['b']}"
+    for change in res["changes"]:
+        a = b = None
+        if change["a_kind"] == "file" or change["b_kind"] == "file":
+            a = content(res["a"], change["path"]) if change["a_kind"] == "file" else None
+            b = content(res.get("b"), change["path"]) if change["b_kind"] == "file" else None
+        lines, summary = _diff_lines(change, a_name, b_name, a, b)
+        if out.json:
+            out.emit("diff.change", **change, diff="".join(lines) if lines else None,
+                     summary=summary)
+            continue
+        if summary is not None:
+            out.console.print(escape(summary), style="bold")
+            continue
+        for line in lines:
+            text = line if line.endswith("\n") else line + "\n\\ No newline at end of file\n"
+            style = ("bold" if line.startswith(("---", "+++")) else "green" if line[0] == "+"
+                     else "red" if line[0] == "-" else "cyan" if line.startswith("@@") else None)
+            out.console.print(escape(text), style=style, end="")
+    if not res["changes"] and not out.json:
+        out.say("no differences")
+
+
+# -- gc -----------------------------------------------------------------------------------
+
+def render_gc(out, report: dict) -> None:
+    out.emit("gc", **report)
+    out.say(", ".join(f"{k.replace('_', ' ')}: {human_bytes(v) if k.startswith('bytes') else v}"
+                      for k, v in report.items()))
+

@@ -1,0 +1,379 @@
+"""The daemon: mount over the workspace, serve FUSE and the control socket, unmount.
+
+Order of a mount (each step fails with a typed error and undoes the earlier ones):
+validate the directory → refuse if already mounted / stale → open the store and the
+workspace id → open the workspace's root fd (*before* mounting over it) → finish an
+interrupted rewind from its intent → bind the control socket → ``pyfuse3.init`` (the
+mount) → report ready → trio loop.  The loop runs until ``unmount`` arrives on the
+socket, SIGINT/SIGTERM, or the kernel ends the session (``fusermount3 -u``); then the
+mount is removed (``pyfuse3.close(unmount=True)``), the socket unlinked, the store closed.
+
+Concurrency: one trio thread runs every FUSE handler and every control request;
+see docs/concurrency.md.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+
+import pyfuse3
+import trio
+
+from store._errors import RewindfsError
+
+from . import _protocol, _sys
+from ._fs import RewindOperations
+from ._paths import (AlreadyMounted, MountFailed, StaleMount, check_workspace,
+                     control_socket_path, is_inside, resolve_store_path)
+
+log = logging.getLogger(__name__)
+
+__all__ = ["DaemonContext", "find_rewindfs_mount", "lazy_unmount", "serve_mount"]
+
+_LISTEN_BACKLOG = 128
+
+
+class DaemonContext:
+    """What control-socket handlers get as ``ctx``.
+
+    ``store``, ``ws`` (workspace id), ``root_fd``, ``workspace_path`` (real path, bytes),
+    ``socket_path``, ``fs`` (the ``RewindOperations``).  ``invalidate(relpath)`` and
+    ``epoch_changed()`` may be called from the trio thread or from a worker thread
+    started with ``trio.to_thread`` (they hop to the trio thread themselves).
+    """
+
+    def __init__(self, *, store, ws, root_fd, workspace_path, socket_path, fs):
+        self.store = store
+        self.ws = ws
+        self.root_fd = root_fd
+        self.workspace_path = workspace_path
+        self.socket_path = socket_path
+        self.fs = fs
+        self.shutdown = trio.Event()
+        self._unmount_pending = False
+        self._real_dev = os.fstat(root_fd).st_dev
+
+    def _on_trio(self, fn, *args):
+        if trio.lowlevel.in_trio_run():
+            return fn(*args)
+        return trio.from_thread.run_sync(fn, *args)
+
+    def invalidate(self, relpath: bytes) -> None:
+        """Drop kernel caches for *relpath* (its inode and its entry in the parent);
+        queued, never blocks; ``await invalidations_settled()`` to wait for them."""
+        self._on_trio(self.fs.invalidate, relpath)
+
+    async def invalidations_settled(self) -> None:
+        await self.fs.invalidations_settled()
+
+    def epoch_changed(self) -> None:
+        """The store's current epoch changed outside the fs (e.g. a rewind began/ended):
+        reload it and restart the "already captured" set."""
+        self._on_trio(self.fs.epoch_changed)
+
+    def request_unmount(self) -> None:
+        self._unmount_pending = True
+
+    async def flush_writes(self) -> None:
+        """Push the kernel's dirty pages of this mount to the daemon (writeback cache),
+        so a turn boundary splits writes at the moment it is requested."""
+        if not self.fs.enable_writeback_cache:
+            return
+        path = self.workspace_path
+
+        def sync():
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            try:
+                _sys.syncfs(fd)
+            finally:
+                os.close(fd)
+
+        try:
+            await trio.to_thread.run_sync(sync)
+        except OSError as exc:
+            log.warning("syncfs on the mount failed: %s", exc)
+
+    async def bypass_processes(self) -> list[int]:
+        """Pids whose cwd is inside the bare directory under the mount (their writes
+        bypass capture).  Runs in a thread: stat-ing a cwd inside our own mount would
+        otherwise wait on ourselves."""
+        return await trio.to_thread.run_sync(_bypass_pids, self.workspace_path, self._real_dev)
+
+
+def _bypass_pids(ws: bytes, real_dev: int) -> list[int]:
+    out = []
+    me = os.getpid()
+    for name in os.listdir(b"/proc"):
+        if not name.isdigit() or int(name) == me:
+            continue
+        try:
+            cwd = os.readlink(b"/proc/%s/cwd" % name)
+            if not (cwd == ws or cwd.startswith(ws + b"/")):
+                continue
+            if os.stat(b"/proc/%s/cwd" % name).st_dev == real_dev:
+                out.append(int(name))
+        except OSError:
+            continue
+    return sorted(out)
+
+
+# -- mount table -----------------------------------------------------------------------
+
+def _unescape(field: bytes) -> bytes:
+    out, i = bytearray(), 0
+    while i < len(field):
+        if field[i:i + 1] == b"\\" and field[i + 1:i + 4].isdigit():
+            out.append(int(field[i + 1:i + 4], 8))
+            i += 4
+        else:
+            out.append(field[i])
+            i += 1
+    return bytes(out)
+
+
+def find_rewindfs_mount(real_path: bytes) -> bool:
+    """True if /proc/self/mountinfo lists a ``fuse.rewindfs`` mount at *real_path*."""
+    with open("/proc/self/mountinfo", "rb") as f:
+        for line in f:
+            left, _, right = line.partition(b" - ")
+            fields = left.split()
+            if len(fields) > 4 and _unescape(fields[4]) == real_path:
+                if right.split(b" ", 1)[0] == b"fuse.rewindfs":
+                    return True
+    return False
+
+
+def lazy_unmount(path) -> None:
+    """Detach a (stale) FUSE mount: ``fusermount3 -uz``."""
+    subprocess.run(["fusermount3", "-uz", os.fsdecode(path)], check=False,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+# -- control socket --------------------------------------------------------------------
+
+def _bind_socket(sock_path: bytes, workspace: bytes) -> socket.socket:
+    """Bind the 0600 control socket; refuse if a live daemon already answers on it."""
+    os.makedirs(os.path.dirname(sock_path), mode=0o700, exist_ok=True)
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(sock_path)
+    except OSError:
+        try:
+            os.unlink(sock_path)  # left by a dead daemon
+        except FileNotFoundError:
+            pass
+    else:
+        raise AlreadyMounted(path=os.fsdecode(workspace))
+    finally:
+        probe.close()
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old = os.umask(0o177)
+    try:
+        sock.bind(sock_path)
+    finally:
+        os.umask(old)
+    os.chmod(sock_path, 0o600)
+    sock.listen(_LISTEN_BACKLOG)
+    return sock
+
+
+def _peer_uid(sock) -> int:
+    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return struct.unpack("3i", raw)[1]
+
+
+async def _serve_connection(ctx, stream: trio.SocketStream) -> None:
+    async with stream:
+        try:
+            uid = _peer_uid(stream.socket)
+            if uid not in (os.getuid(), 0):
+                log.warning("refused control connection from uid %d", uid)
+                await stream.send_all(_protocol.reply_error(None, _protocol.Forbidden(uid=uid)))
+                return
+            await _read_requests(ctx, stream)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+
+
+async def _read_requests(ctx, stream) -> None:
+    buf = bytearray()
+    skipping = False  # inside an oversized line: drop bytes up to its newline
+    while True:
+        data = await stream.receive_some(65536)
+        if not data:
+            return
+        buf += data
+        while True:
+            nl = buf.find(b"\n")
+            if nl < 0:
+                if len(buf) > _protocol.MAX_LINE:
+                    if not skipping:
+                        await stream.send_all(_protocol.reply_error(None, _protocol.TooLarge()))
+                    skipping = True
+                    buf.clear()
+                break
+            line = bytes(buf[:nl])
+            del buf[:nl + 1]
+            if skipping:
+                skipping = False
+                continue
+            if len(line) > _protocol.MAX_LINE:
+                await stream.send_all(_protocol.reply_error(None, _protocol.TooLarge()))
+                continue
+            if not line.strip():
+                continue
+            await _protocol.dispatch(ctx, line, stream.send_all)
+            if ctx._unmount_pending:
+                ctx.shutdown.set()
+
+
+async def serve_control(ctx, listener: socket.socket) -> None:
+    """Accept control connections until cancelled; each runs in its own task."""
+    tsock = trio.socket.from_stdlib_socket(listener)
+    async with trio.open_nursery() as nursery:
+        while True:
+            conn, _ = await tsock.accept()
+            nursery.start_soon(_serve_connection, ctx, trio.SocketStream(conn))
+
+
+# -- main loop --------------------------------------------------------------------------
+
+async def _fuse_main(ctx) -> None:
+    try:
+        # One reader task: handlers never await, so more tasks would only add overhead.
+        await pyfuse3.main(min_tasks=1, max_tasks=1)
+    finally:
+        ctx.shutdown.set()  # the kernel ended the session (external unmount) or we did
+
+
+async def _signals(ctx) -> None:
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as sigs:
+        async for signum in sigs:
+            log.info("signal %d: unmounting", signum)
+            ctx.shutdown.set()
+
+
+async def _run(ctx, listener) -> None:
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_fuse_main, ctx)
+        nursery.start_soon(serve_control, ctx, listener)
+        nursery.start_soon(_signals, ctx)
+        await ctx.shutdown.wait()
+        nursery.cancel_scope.cancel()
+
+
+def _recover_intent(root_fd: int, store, ws: int) -> None:
+    if not store.get_intent(ws):
+        return
+    try:
+        from overlay import _restore
+    except ImportError:
+        log.warning("an interrupted rewind is recorded but the restore engine is missing")
+        return
+    log.info("finishing an interrupted rewind")
+    _restore.recover(root_fd, store, ws)
+
+
+def _mount_options() -> set[str]:
+    opts = set(pyfuse3.default_options) | {"fsname=rewindfs", "subtype=rewindfs"}
+    if os.geteuid() == 0:
+        opts.add("allow_other")  # the workspace's owner may not be root
+    return opts
+
+
+def serve_mount(dir_path, store_path=None, *, recover: bool = False, ready=None,
+                writeback: bool = False) -> int:
+    """Mount the workspace and serve it until unmounted; returns 0 after a clean unmount.
+
+    ``ready()`` is called once the mount is live (before the loop starts).  Errors before
+    that raise ``RewindfsError`` subclasses and leave nothing mounted.
+    """
+    from store import Store
+
+    store_path = resolve_store_path(store_path)
+    try:
+        real = check_workspace(dir_path, store_path)
+    except StaleMount:
+        if not recover:
+            raise
+        log.info("detaching the stale mount at %s", os.fsdecode(dir_path))
+        lazy_unmount(os.path.realpath(os.fsencode(dir_path)))
+        real = check_workspace(dir_path, store_path)
+    if find_rewindfs_mount(real):
+        raise AlreadyMounted(path=os.fsdecode(real))
+    with Store.open(store_path) as store:
+        ws = store.workspace(real)
+        root_fd = os.open(real, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            return _serve(store, ws, root_fd, real, store_path, ready, writeback)
+        finally:
+            os.close(root_fd)
+
+
+def _preload(real: bytes) -> None:
+    """Import now whatever might be imported later, and drop import paths inside the
+    workspace: once mounted, an import that stats a path in our own mount from the trio
+    thread (or before the kernel's INIT is answered) would wait on ourselves forever."""
+    import json  # noqa: F401  (error_line)
+    for name in ("overlay._restore", "overlay._rewind_service", "overlay._capture",
+                 "encodings.idna", "rich.console", "rich.markup"):
+        try:
+            __import__(name)
+        except ImportError:
+            pass
+    keep = []
+    for entry in sys.path:
+        full = os.path.realpath(os.fsencode(entry or os.getcwd()))
+        if not is_inside(full, real):
+            keep.append(os.path.abspath(entry) if entry else os.getcwd())
+    sys.path[:] = keep
+    sys.path_importer_cache.clear()
+
+
+def _serve(store, ws, root_fd, real, store_path, ready, writeback) -> int:
+    _recover_intent(root_fd, store, ws)
+    _preload(real)
+    sock_path = control_socket_path(store_path, real)
+    listener = _bind_socket(sock_path, real)
+    try:
+        os.umask(0)  # modes come from the caller, already masked by the kernel
+        os.chdir("/")  # never keep our own mount (or the bare dir) busy
+        fs = RewindOperations(root_fd, store, ws, writeback=writeback)
+        try:
+            pyfuse3.init(fs, os.fsdecode(real), _mount_options())
+        except RuntimeError as exc:
+            raise MountFailed(path=os.fsdecode(real), reason=str(exc)) from None
+        try:
+            ctx = DaemonContext(store=store, ws=ws, root_fd=root_fd, workspace_path=real,
+                                socket_path=sock_path, fs=fs)
+            log.info("mounted %s (workspace %d, epoch %d)", os.fsdecode(real), ws, fs.epoch_id)
+            if ready is not None:
+                ready()
+            trio.run(_run, ctx, listener)
+        finally:
+            pyfuse3.close(unmount=True)
+            fs.close()
+            log.info("unmounted %s", os.fsdecode(real))
+    finally:
+        listener.close()
+        try:
+            os.unlink(sock_path)
+        except FileNotFoundError:
+            pass
+    return 0
+
+
+def error_line(exc: BaseException) -> bytes:
+    """How a forked daemon reports a startup failure to its parent (one JSON line)."""
+    import json
+    if isinstance(exc, RewindfsError):
+        err = exc.to_dict()
+    else:
+        err = {"code": "mount-failed", "message": f"{type(exc).__name__}: {exc}"}
+    return json.dumps(err).encode() + b"\n"

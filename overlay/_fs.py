@@ -1,0 +1,661 @@
+"""The FUSE filesystem: a passthrough over the workspace's root directory fd.
+
+The daemon opens the workspace directory *before* mounting over it, so every real file
+is reached through that fd with ``*at`` calls (``O_NOFOLLOW`` on final components;
+intermediate directories are reached through cached ``O_PATH`` fds or a
+``_resolve.open_parent`` walk, never by following a symlink).
+
+Write-ahead (DESIGN invariant 1): every handler that changes the tree first calls
+``self._guard(...)`` for every path the change affects, which commits the pre-images
+to the store, and only then performs the real syscall.  **No ``await`` sits between the
+guard and the mutation** — in fact no handler awaits at all, so each request runs to
+completion on the trio thread and requests never interleave (docs/concurrency.md).
+If the guard fails, the handler raises ``FUSEError(ENOSPC|EIO)`` and nothing changes
+(fail closed, invariant 2).  Paths matched by ``.rewindignore`` pass through uncaptured.
+
+"Already captured" is an in-memory set per epoch (reset by ``set_epoch``) plus a
+per-inode token so a write to an already captured file costs one identity check.
+
+Handlers are thin: they translate FUSE ↔ syscalls and raise ``FUSEError`` only; the
+errno is the underlying filesystem's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import functools
+import logging
+import os
+import stat
+
+import pyfuse3
+from pyfuse3 import FUSEError
+
+from store import EpochClosed
+from store._errors import RewindfsError
+
+from . import _sys
+from ._capture import capture, rename_paths
+from ._ignore import IGNORE_FILE, IgnoreRules
+from ._inodes import InodeTable, child
+from ._notify import Notifier
+from ._resolve import open_parent, split
+
+log = logging.getLogger(__name__)
+
+__all__ = ["CACHE_TIMEOUT", "RewindOperations"]
+
+# We are the only writer of the tree while it is mounted, so the kernel may keep
+# entries and attributes for long; the restore engine invalidates what it changes.
+CACHE_TIMEOUT = 3600.0
+_OPEN_DROP = os.O_CREAT | os.O_EXCL | os.O_NOCTTY | getattr(os, "O_DIRECT", 0)
+_OPEN_ADD = os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _handler(fn):
+    """Map every failure to an errno at the FUSE boundary (and nothing else)."""
+
+    @functools.wraps(fn)
+    async def wrapper(self, *args):
+        try:
+            return fn(self, *args)
+        except FUSEError:
+            raise
+        except OSError as exc:
+            raise FUSEError(exc.errno or errno.EIO) from None
+        except RewindfsError as exc:
+            raise FUSEError(exc.errno) from None
+        except KeyError:  # an inode or handle the table does not know
+            raise FUSEError(errno.ENOENT) from None
+        except Exception:
+            log.exception("%s failed", fn.__name__)
+            raise FUSEError(errno.EIO) from None
+
+    return wrapper
+
+
+class RewindOperations(pyfuse3.Operations):
+    """pyfuse3 operations; ``store``/``ws`` receive the pre-images."""
+
+    supports_dot_lookup = False
+    # Off by default: with the kernel's writeback cache a write(2) returns before the
+    # daemon sees it, so a failed capture could not fail the write itself (invariant 2)
+    # and dirty pages could cross a turn boundary.  Kept as an option for benchmarks.
+    enable_writeback_cache = False
+
+    def __init__(self, root_fd: int, store, ws: int, *, writeback: bool = False,
+                 timeout: float = CACHE_TIMEOUT):
+        super().__init__()
+        self.store = store
+        self.ws = ws
+        self.root_fd = root_fd
+        self.enable_writeback_cache = writeback
+        self.timeout = timeout
+        self.table = InodeTable(root_fd)
+        self.rules = IgnoreRules.load(root_fd)
+        self.epoch_id = store.current_epoch(ws).id
+        self.captured: set[bytes] = set()
+        self._token = object()
+        self.handles: dict[int, object] = {}
+        self.dirs: dict[int, tuple[int, list[bytes]]] = {}
+        self._next_dir = 1
+        self._as_root = os.geteuid() == 0
+        self.notifier = Notifier()
+        self.stats = {"captures": 0, "capture_errors": 0}
+
+    # -- epochs and capture --------------------------------------------------------
+
+    def set_epoch(self, epoch_id: int) -> None:
+        """Captures from now on go to *epoch_id*; the "already captured" set restarts."""
+        if epoch_id != self.epoch_id:
+            self.epoch_id = epoch_id
+            self.captured.clear()
+            self._token = object()
+
+    def epoch_changed(self) -> None:
+        """Reload the current epoch from the store (after a rewind or turn mark)."""
+        self.set_epoch(self.store.current_epoch(self.ws).id)
+
+    def reload_rules(self) -> None:
+        self.rules = IgnoreRules.load(self.root_fd)
+        self._token = object()
+
+    def _guard(self, items) -> None:
+        """Commit the pre-image of every ``(path, is_dir)`` not yet captured (write-ahead)."""
+        todo = [p for p, d in items if p not in self.captured and not self.rules.ignored(p, d)]
+        if not todo:
+            return
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("capture %r in epoch %d", todo, self.epoch_id)
+        try:
+            try:
+                capture(self.root_fd, self.store, self.ws, self.epoch_id, todo,
+                        parent=self._parent)
+            except EpochClosed:
+                # Another process moved the workspace to a new epoch behind our back:
+                # follow it (dropping the captured set) and capture there.
+                self.epoch_changed()
+                todo = [p for p, d in items if not self.rules.ignored(p, d)]
+                capture(self.root_fd, self.store, self.ws, self.epoch_id, todo,
+                        parent=self._parent)
+        except (RewindfsError, OSError) as exc:
+            self.stats["capture_errors"] += 1
+            log.warning("capture of %d path(s) failed, refusing the change: %s", len(todo), exc)
+            code = exc.errno if isinstance(exc, RewindfsError) else errno.EIO
+            raise FUSEError(code) from None
+        self.stats["captures"] += len(todo)
+        self.captured.update(todo)
+
+    def _guard_node(self, node) -> None:
+        if node.seen is not self._token:
+            self._guard([(p, node.is_dir) for p in node.paths])
+            node.seen = self._token
+
+    # -- resolution ----------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _parent(self, path: bytes):
+        head, name = split(path)
+        fd = self.table.dir_fd(head)
+        if fd is not None:
+            yield fd, name
+            return
+        fd, name = open_parent(self.root_fd, path)
+        try:
+            yield fd, name
+        finally:
+            os.close(fd)
+
+    def _lstat(self, path: bytes) -> os.stat_result:
+        if path == b"":
+            return os.fstat(self.root_fd)
+        with self._parent(path) as (fd, name):
+            return os.stat(name, dir_fd=fd, follow_symlinks=False)
+
+    def _path(self, node) -> bytes:
+        path = node.path
+        if path is None:
+            raise FUSEError(errno.ENOENT)
+        return path
+
+    def _attr(self, node, st) -> pyfuse3.EntryAttributes:
+        e = pyfuse3.EntryAttributes()
+        e.st_ino = node.ino
+        e.generation = 0
+        e.entry_timeout = self.timeout
+        e.attr_timeout = self.timeout
+        e.st_mode = st.st_mode
+        e.st_nlink = st.st_nlink
+        e.st_uid = st.st_uid
+        e.st_gid = st.st_gid
+        e.st_rdev = st.st_rdev
+        e.st_size = st.st_size
+        e.st_blksize = st.st_blksize
+        e.st_blocks = st.st_blocks
+        e.st_atime_ns = st.st_atime_ns
+        e.st_mtime_ns = st.st_mtime_ns
+        e.st_ctime_ns = st.st_ctime_ns
+        return e
+
+    def _enter(self, path: bytes, st) -> pyfuse3.EntryAttributes:
+        """Register *path* → real inode and count one kernel lookup for it."""
+        node = self.table.known(path, st)
+        node.nlookup += 1
+        return self._attr(node, st)
+
+    def _own(self, dir_fd: int, name: bytes, ctx) -> None:
+        """New entries belong to the caller, not to the (root) daemon."""
+        if not self._as_root or (ctx.uid == 0 and ctx.gid == 0):
+            return
+        gid = ctx.gid
+        pst = os.fstat(dir_fd)
+        if pst.st_mode & stat.S_ISGID:
+            gid = pst.st_gid
+        os.chown(name, ctx.uid, gid, dir_fd=dir_fd, follow_symlinks=False)
+
+    def _created(self, path: bytes, ctx) -> pyfuse3.EntryAttributes:
+        with self._parent(path) as (fd, name):
+            self._own(fd, name, ctx)
+            st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+        if path == IGNORE_FILE:
+            self.reload_rules()
+        return self._enter(path, st)
+
+    # -- lookups and attributes ----------------------------------------------------
+
+    @_handler
+    def lookup(self, parent_inode, name, ctx):
+        path = child(self._path(self.table[parent_inode]), name)
+        try:
+            st = self._lstat(path)
+        except FileNotFoundError:
+            neg = pyfuse3.EntryAttributes()  # st_ino 0: the kernel caches the miss
+            neg.st_ino = 0
+            neg.entry_timeout = self.timeout
+            return neg
+        return self._enter(path, st)
+
+    @_handler
+    def forget(self, inode_list):
+        for ino, count in inode_list:
+            self.table.forget(ino, count)
+
+    @_handler
+    def getattr(self, inode, ctx):
+        node = self.table[inode]
+        if node.paths:
+            return self._attr(node, self._lstat(node.path))
+        if node.handles:
+            return self._attr(node, os.fstat(next(iter(node.handles))))
+        raise FUSEError(errno.ENOENT)
+
+    @_handler
+    def setattr(self, inode, attr, fields, fh, ctx):
+        node = self.table[inode]
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("setattr %r size=%s mode=%s uid=%s gid=%s atime=%s mtime=%s ctime=%s",
+                      node, fields.update_size, fields.update_mode, fields.update_uid,
+                      fields.update_gid, fields.update_atime, fields.update_mtime,
+                      fields.update_ctime)
+        if not self._time_push(node, attr, fields):
+            self._guard_node(node)
+        if node is self.table.root:
+            return self._setattr_fd(node, attr, fields, self.root_fd)
+        if not node.paths:
+            fd = fh if fh in self.handles else next(iter(node.handles), None)
+            if fd is None:
+                raise FUSEError(errno.ENOENT)
+            return self._setattr_fd(node, attr, fields, fd)
+        with self._parent(node.path) as (fd, name):
+            if fields.update_size:
+                if fh in self.handles:
+                    os.ftruncate(fh, attr.st_size)
+                else:
+                    wfd = os.open(name, os.O_WRONLY | _OPEN_ADD, dir_fd=fd)
+                    try:
+                        os.ftruncate(wfd, attr.st_size)
+                    finally:
+                        os.close(wfd)
+            if fields.update_mode:
+                # The kernel never chmods a symlink itself, so following is exact here.
+                os.chmod(name, stat.S_IMODE(attr.st_mode), dir_fd=fd)
+            if fields.update_uid or fields.update_gid:
+                os.chown(name, attr.st_uid if fields.update_uid else -1,
+                         attr.st_gid if fields.update_gid else -1,
+                         dir_fd=fd, follow_symlinks=False)
+            if fields.update_atime or fields.update_mtime:
+                _sys.utimensat(fd, name,
+                               attr.st_atime_ns if fields.update_atime else None,
+                               attr.st_mtime_ns if fields.update_mtime else None)
+            return self._attr(node, os.stat(name, dir_fd=fd, follow_symlinks=False))
+
+    def _time_push(self, node, attr, fields) -> bool:
+        """True if this setattr is the kernel's writeback cache pushing the times of
+        writes we already captured (mtime/ctime only, after a write): no new capture.
+
+        Without it, the times of a write in one epoch, pushed lazily by the kernel after
+        a turn boundary, would count as a change in the next epoch.
+        """
+        if (fields.update_size or fields.update_mode or fields.update_uid
+                or fields.update_gid or fields.update_atime):
+            return False
+        if not fields.update_mtime:
+            return True  # ctime only: nothing the real file can be asked to change
+        if node.wrote and self.enable_writeback_cache:
+            node.wrote = False
+            return True
+        if node.paths:  # the same mtime again changes nothing
+            return self._lstat(node.path).st_mtime_ns == attr.st_mtime_ns
+        return False
+
+    def _setattr_fd(self, node, attr, fields, fd):
+        """setattr through an fd: the root directory, or an unlinked but open file."""
+        if fields.update_size:
+            os.ftruncate(fd, attr.st_size)
+        if fields.update_mode:
+            os.fchmod(fd, stat.S_IMODE(attr.st_mode))
+        if fields.update_uid or fields.update_gid:
+            os.fchown(fd, attr.st_uid if fields.update_uid else -1,
+                      attr.st_gid if fields.update_gid else -1)
+        if fields.update_atime or fields.update_mtime:
+            st = os.fstat(fd)
+            os.utime(fd, ns=(attr.st_atime_ns if fields.update_atime else st.st_atime_ns,
+                             attr.st_mtime_ns if fields.update_mtime else st.st_mtime_ns))
+        return self._attr(node, os.fstat(fd))
+
+    @_handler
+    def readlink(self, inode, ctx):
+        with self._parent(self._path(self.table[inode])) as (fd, name):
+            return os.readlink(name, dir_fd=fd)
+
+    @_handler
+    def statfs(self, ctx):
+        sv = os.statvfs(self.root_fd)
+        out = pyfuse3.StatvfsData()
+        for attr in ("f_bsize", "f_frsize", "f_blocks", "f_bfree", "f_bavail", "f_files",
+                     "f_ffree", "f_favail", "f_namemax"):
+            setattr(out, attr, getattr(sv, attr))
+        return out
+
+    @_handler
+    def access(self, inode, mode, ctx):
+        self.table[inode]
+        return True
+
+    # -- creating and removing -----------------------------------------------------
+
+    def _new_path(self, parent_inode, name) -> bytes:
+        return child(self._path(self.table[parent_inode]), name)
+
+    @_handler
+    def mknod(self, parent_inode, name, mode, rdev, ctx):
+        path = self._new_path(parent_inode, name)
+        self._guard([(path, False)])
+        with self._parent(path) as (fd, n):
+            os.mknod(n, mode, rdev, dir_fd=fd)
+        return self._created(path, ctx)
+
+    @_handler
+    def mkdir(self, parent_inode, name, mode, ctx):
+        path = self._new_path(parent_inode, name)
+        self._guard([(path, True)])
+        with self._parent(path) as (fd, n):
+            os.mkdir(n, stat.S_IMODE(mode), dir_fd=fd)
+        return self._created(path, ctx)
+
+    @_handler
+    def symlink(self, parent_inode, name, target, ctx):
+        path = self._new_path(parent_inode, name)
+        self._guard([(path, False)])
+        with self._parent(path) as (fd, n):
+            os.symlink(target, n, dir_fd=fd)
+        return self._created(path, ctx)
+
+    @_handler
+    def link(self, inode, new_parent_inode, new_name, ctx):
+        node = self.table[inode]
+        src = self._path(node)
+        new = self._new_path(new_parent_inode, new_name)
+        self._guard([(new, False)])
+        with self._parent(src) as (sfd, sname), self._parent(new) as (dfd, dname):
+            os.link(sname, dname, src_dir_fd=sfd, dst_dir_fd=dfd, follow_symlinks=False)
+            st = os.stat(dname, dir_fd=dfd, follow_symlinks=False)
+        self.table.bind(new, node)
+        node.nlookup += 1
+        return self._attr(node, st)
+
+    @_handler
+    def unlink(self, parent_inode, name, ctx):
+        path = self._new_path(parent_inode, name)
+        st = self._lstat(path)
+        self._guard([(path, False), *self._other_names(st)])
+        with self._parent(path) as (fd, n):
+            os.unlink(n, dir_fd=fd)
+        self.table.unbind(path, gone=st.st_nlink <= 1)
+        if path == IGNORE_FILE:
+            self.reload_rules()
+
+    @_handler
+    def rmdir(self, parent_inode, name, ctx):
+        path = self._new_path(parent_inode, name)
+        self._guard([(path, True)])
+        with self._parent(path) as (fd, n):
+            os.rmdir(n, dir_fd=fd)
+        self.table.unbind(path, gone=True)
+
+    @_handler
+    def rename(self, parent_old, name_old, parent_new, name_new, flags, ctx):
+        old = self._new_path(parent_old, name_old)
+        new = self._new_path(parent_new, name_new)
+        st_old = self._lstat(old)
+        try:
+            st_new = self._lstat(new)
+        except FileNotFoundError:
+            st_new = None
+        if flags & pyfuse3.RENAME_NOREPLACE and st_new is not None:
+            raise FUSEError(errno.EEXIST)
+        exchange = bool(flags & pyfuse3.RENAME_EXCHANGE)
+        if exchange and st_new is None:
+            raise FUSEError(errno.ENOENT)
+        self._guard(rename_paths(self.root_fd, old, new, stat.S_ISDIR(st_old.st_mode),
+                                 None if st_new is None else stat.S_ISDIR(st_new.st_mode),
+                                 exchange=exchange)
+                    + self._other_names(st_old) + self._other_names(st_new))
+        with self._parent(old) as (ofd, oname), self._parent(new) as (nfd, nname):
+            _sys.renameat2(ofd, oname, nfd, nname, flags & (_sys.RENAME_NOREPLACE |
+                                                          _sys.RENAME_EXCHANGE))
+        self._renamed(old, new, st_old, st_new, exchange)
+
+    def _other_names(self, st) -> list:
+        """The known names of a hard-linked file whose set of names is about to change:
+        their pre-images (same ``link_group``) let a restore put the group back together."""
+        if st is None or stat.S_ISDIR(st.st_mode) or st.st_nlink <= 1:
+            return []
+        node = self.table.by_key.get((st.st_dev, st.st_ino))
+        return [(p, False) for p in node.paths] if node is not None else []
+
+    def _renamed(self, old, new, st_old, st_new, exchange) -> None:
+        if exchange:
+            self.table.exchange(old, new)
+        elif st_new is None or (st_new.st_dev, st_new.st_ino) != (st_old.st_dev, st_old.st_ino):
+            if st_new is not None:
+                gone = stat.S_ISDIR(st_new.st_mode) or st_new.st_nlink <= 1
+                self.table.unbind(new, gone=gone)
+            self.table.move(old, new, stat.S_ISDIR(st_old.st_mode))
+        if IGNORE_FILE in (old, new):
+            self.reload_rules()
+
+    # -- files -----------------------------------------------------------------------
+
+    def _real_flags(self, flags: int) -> int:
+        real = (flags & ~_OPEN_DROP) | _OPEN_ADD
+        if self.enable_writeback_cache:
+            # The kernel may read pages of a write-only file and computes append
+            # offsets itself, so the real fd must be readable and not O_APPEND.
+            if real & os.O_ACCMODE == os.O_WRONLY:
+                real = (real & ~os.O_ACCMODE) | os.O_RDWR
+            real &= ~os.O_APPEND
+        return real
+
+    def _opened(self, fd: int, node) -> pyfuse3.FileInfo:
+        self.handles[fd] = node
+        node.handles.add(fd)
+        return pyfuse3.FileInfo(fh=fd, keep_cache=True)
+
+    @_handler
+    def open(self, inode, flags, ctx):
+        node = self.table[inode]
+        path = self._path(node)
+        if flags & os.O_TRUNC:
+            self._guard_node(node)
+        with self._parent(path) as (fd, name):
+            rfd = os.open(name, self._real_flags(flags), dir_fd=fd)
+        return self._opened(rfd, node)
+
+    @_handler
+    def create(self, parent_inode, name, mode, flags, ctx):
+        path = self._new_path(parent_inode, name)
+        self._guard([(path, False)])
+        with self._parent(path) as (fd, n):
+            rfd = os.open(n, self._real_flags(flags) | os.O_CREAT, stat.S_IMODE(mode),
+                          dir_fd=fd)
+            try:
+                self._own(fd, n, ctx)
+                st = os.fstat(rfd)
+            except BaseException:
+                os.close(rfd)
+                raise
+        attr = self._enter(path, st)
+        return self._opened(rfd, self.table[attr.st_ino]), attr
+
+    @_handler
+    def read(self, fh, off, size):
+        return os.pread(fh, size, off)
+
+    @_handler
+    def write(self, fh, off, buf):
+        node = self.handles[fh]
+        if node.seen is not self._token:
+            self._guard_node(node)
+        node.wrote = True
+        view = memoryview(buf)
+        done = 0
+        while done < len(view):
+            done += os.pwrite(fh, view[done:], off + done)
+        return done
+
+    @_handler
+    def flush(self, fh):
+        return None
+
+    @_handler
+    def fsync(self, fh, datasync):
+        (os.fdatasync if datasync else os.fsync)(fh)
+
+    @_handler
+    def release(self, fh):
+        node = self.handles.pop(fh)
+        node.handles.discard(fh)
+        os.close(fh)
+        if IGNORE_FILE in node.paths:
+            self.reload_rules()
+        if node.nlookup <= 0 and not node.handles and node.ino in self.table.inodes:
+            self.table.drop(node)
+
+    # -- directories -----------------------------------------------------------------
+
+    @_handler
+    def opendir(self, inode, ctx):
+        path = self._path(self.table[inode])
+        if path == b"":
+            dfd = os.open(b".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=self.root_fd)
+        else:
+            with self._parent(path) as (fd, name):
+                dfd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | _OPEN_ADD, dir_fd=fd)
+        try:
+            names = [os.fsencode(n) for n in os.listdir(dfd)]
+        except BaseException:
+            os.close(dfd)
+            raise
+        fh = self._next_dir
+        self._next_dir += 1
+        self.dirs[fh] = (dfd, inode, names)
+        return fh
+
+    @_handler
+    def readdir(self, fh, start_id, token):
+        dfd, inode, names = self.dirs[fh]
+        base = self._path(self.table[inode])
+        for i in range(start_id, len(names)):
+            try:
+                st = os.stat(names[i], dir_fd=dfd, follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            path = child(base, names[i])
+            node = self.table.known(path, st)
+            if not pyfuse3.readdir_reply(token, names[i], self._attr(node, st), i + 1):
+                if node.nlookup <= 0 and not node.handles:
+                    self.table.drop(node)
+                return
+            node.nlookup += 1
+
+    @_handler
+    def releasedir(self, fh):
+        dfd, _, _ = self.dirs.pop(fh)
+        os.close(dfd)
+
+    @_handler
+    def fsyncdir(self, fh, datasync):
+        os.fsync(self.dirs[fh][0])
+
+    # -- xattrs ------------------------------------------------------------------------
+
+    _NOFOLLOW = {"follow_symlinks": False}
+
+    @contextlib.contextmanager
+    def _xpath(self, node):
+        """``(target, kwargs)`` for the ``os.*xattr`` calls: the root by its fd, anything
+        else as ``/proc/self/fd/<parent>/<name>`` without following a final symlink."""
+        path = self._path(node)
+        if path == b"":
+            yield self.root_fd, {}
+            return
+        with self._parent(path) as (fd, name):
+            yield b"/proc/self/fd/%d/%s" % (fd, name), self._NOFOLLOW
+
+    @_handler
+    def getxattr(self, inode, name, ctx):
+        with self._xpath(self.table[inode]) as (p, kw):
+            try:
+                return os.getxattr(p, name, **kw)
+            except OSError as exc:
+                if exc.errno == errno.ENODATA:
+                    raise FUSEError(pyfuse3.ENOATTR) from None
+                raise
+
+    @_handler
+    def listxattr(self, inode, ctx):
+        with self._xpath(self.table[inode]) as (p, kw):
+            return [os.fsencode(n) for n in os.listxattr(p, **kw)]
+
+    @_handler
+    def setxattr(self, inode, name, value, ctx):
+        node = self.table[inode]
+        self._guard_node(node)
+        with self._xpath(node) as (p, kw):
+            os.setxattr(p, name, value, 0, **kw)
+
+    @_handler
+    def removexattr(self, inode, name, ctx):
+        node = self.table[inode]
+        self._guard_node(node)
+        with self._xpath(node) as (p, kw):
+            try:
+                os.removexattr(p, name, **kw)
+            except OSError as exc:
+                if exc.errno == errno.ENODATA:
+                    raise FUSEError(pyfuse3.ENOATTR) from None
+                raise
+
+    # -- cache invalidation for the restore engine ----------------------------------
+
+    def invalidate(self, relpath: bytes) -> None:
+        """Forget kernel caches for *relpath*: its inode (attrs + data), its entry, and
+        its parent's attributes.  Call on the trio thread after the real path changed
+        behind the kernel's back.  Never blocks (``_notify``); the table drops the name
+        if it now names another inode.  ``invalidations_settled()`` waits for delivery.
+        """
+        head, name = split(relpath)
+        node = self.table.by_path.get(relpath)
+        if node is not None:
+            try:
+                st = self._lstat(relpath)
+            except OSError:
+                st = None
+            if st is None or (st.st_dev, st.st_ino) != node.key:
+                self.table.unbind(relpath, gone=len(node.paths) <= 1)
+            node.seen = None
+            self.notifier.inode(node.ino)
+        parent = self.table.by_path.get(head)
+        if parent is not None and relpath:
+            self.notifier.entry(parent.ino, name)
+            self.notifier.inode(parent.ino, attr_only=True)
+
+    async def invalidations_settled(self) -> None:
+        """Wait (without blocking trio) until queued invalidations reached the kernel."""
+        await self.notifier.settled()
+
+    def close(self) -> None:
+        """Stop the notification thread and close every open fd (after unmount)."""
+        self.notifier.close()
+        for fd in list(self.handles):
+            os.close(fd)
+        for dfd, _, _ in self.dirs.values():
+            os.close(dfd)
+        self.handles.clear()
+        self.dirs.clear()
+
+    def statistics(self) -> dict:
+        return {"epoch": self.epoch_id, "captured": len(self.captured),
+                "open_files": len(self.handles), **self.stats, **self.table.statistics()}

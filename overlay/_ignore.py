@@ -1,0 +1,63 @@
+"""``.rewindignore`` at the workspace root, gitignore syntax (DESIGN invariant 7).
+
+An ignored path is never captured, never restored and never deleted by a restore; the
+same ``IgnoreRules`` object answers for the filesystem and the restore engine so the
+rule is symmetric.  ``.rewindignore`` itself is never ignored.  Matching is on the
+workspace-relative path; a directory is matched with a trailing slash so ``build/``
+patterns work, and anything below an ignored directory is ignored (as in git).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import pathspec
+
+log = logging.getLogger(__name__)
+
+__all__ = ["IGNORE_FILE", "IgnoreRules"]
+
+IGNORE_FILE = b".rewindignore"
+_MAX_RULES_BYTES = 1 << 20
+
+
+class IgnoreRules:
+    """Compiled ignore rules; ``ignored(relpath, is_dir)`` is cheap and pure."""
+
+    def __init__(self, lines: list[str] | None = None):
+        self.lines = list(lines or [])
+        self._spec = pathspec.GitIgnoreSpec.from_lines(self.lines) if self.lines else None
+        self._cache: dict[tuple[bytes, bool], bool] = {}
+
+    @classmethod
+    def load(cls, root_fd: int) -> "IgnoreRules":
+        """Read ``.rewindignore`` from the root (not following a symlink); empty if absent."""
+        try:
+            fd = os.open(IGNORE_FILE, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                         dir_fd=root_fd)
+        except OSError:
+            return cls()
+        try:
+            data = os.read(fd, _MAX_RULES_BYTES)
+        finally:
+            os.close(fd)
+        text = data.decode("utf-8", "surrogateescape")
+        return cls(text.splitlines())
+
+    def ignored(self, relpath: bytes, is_dir: bool = False) -> bool:
+        """True if *relpath* (or one of its parent directories) matches a rule."""
+        if self._spec is None or not relpath or relpath == IGNORE_FILE:
+            return False
+        key = (relpath, is_dir)
+        hit = self._cache.get(key)
+        if hit is None:
+            name = os.fsdecode(relpath) + ("/" if is_dir else "")
+            hit = self._spec.match_file(name)
+            if len(self._cache) > 100_000:  # bounded; rules are cheap to re-evaluate
+                self._cache.clear()
+            self._cache[key] = hit
+        return hit
+
+    def __bool__(self) -> bool:
+        return self._spec is not None

@@ -1,0 +1,189 @@
+"""The filesystem's inode table: FUSE inode ↔ real ``(st_dev, st_ino)`` ↔ known paths.
+
+FUSE inode numbers are our own (a counter; ``ROOT_INODE`` for the root), never reused
+within a mount, so a real inode number recycled by the backing filesystem never makes
+the kernel confuse two files: when a real inode loses its last name we *detach* it
+(drop the ``(dev, ino)`` key) and a new file with the same number gets a new FUSE inode.
+
+An inode knows every path the overlay has seen for it (several for hard links): capture
+of a write through a hard-linked file records all of them.  Directories keep an
+``O_PATH`` fd (opened lazily, closed on forget/rmdir) so children are reached with one
+``*at`` call; a directory fd follows its inode across renames.
+
+Only the trio thread touches the table (no locking).
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+
+import pyfuse3
+
+__all__ = ["Inode", "InodeTable"]
+
+_PATH_DIR = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+class Inode:
+    __slots__ = ("ino", "key", "paths", "nlookup", "is_dir", "dir_fd", "seen", "handles",
+                 "wrote")
+
+    def __init__(self, ino: int, key, is_dir: bool):
+        self.ino = ino
+        self.key = key                  # (st_dev, st_ino) or None once detached
+        self.paths: dict[bytes, None] = {}   # ordered set of known names
+        self.nlookup = 0
+        self.is_dir = is_dir
+        self.dir_fd: int | None = None
+        self.seen = None                # epoch token whose captures cover all paths
+        self.handles: set[int] = set()  # open file handles (fstat for unlinked files)
+        self.wrote = False              # data written since the kernel last pushed times
+
+    @property
+    def path(self) -> bytes | None:
+        return next(iter(self.paths), None)
+
+    def __repr__(self):
+        return f"<Inode {self.ino} {list(self.paths)!r} n={self.nlookup}>"
+
+
+def child(parent: bytes, name: bytes) -> bytes:
+    return parent + b"/" + name if parent else name
+
+
+class InodeTable:
+    """Maps and bookkeeping; no I/O except opening/closing directory fds."""
+
+    def __init__(self, root_fd: int):
+        st = os.fstat(root_fd)
+        self.root_fd = root_fd
+        self.root = Inode(pyfuse3.ROOT_INODE, (st.st_dev, st.st_ino), True)
+        self.root.paths[b""] = None
+        self.root.nlookup = 1 << 62
+        self.root.dir_fd = root_fd
+        self.inodes: dict[int, Inode] = {self.root.ino: self.root}
+        self.by_key: dict[tuple[int, int], Inode] = {self.root.key: self.root}
+        self.by_path: dict[bytes, Inode] = {b"": self.root}
+        self._next = pyfuse3.ROOT_INODE + 1
+
+    def __getitem__(self, ino: int) -> Inode:
+        return self.inodes[ino]
+
+    def get(self, ino: int) -> Inode | None:
+        return self.inodes.get(ino)
+
+    def known(self, path: bytes, st: os.stat_result) -> Inode:
+        """The inode for real entry *st* now at *path* (created if new); lookup count unchanged."""
+        key = (st.st_dev, st.st_ino)
+        node = self.by_key.get(key)
+        if node is None:
+            node = Inode(self._next, key, stat.S_ISDIR(st.st_mode))
+            self._next += 1
+            self.inodes[node.ino] = node
+            self.by_key[key] = node
+        self.bind(path, node)
+        return node
+
+    def bind(self, path: bytes, node: Inode) -> None:
+        """Record that *path* names *node* (dropping whatever it named before)."""
+        old = self.by_path.get(path)
+        if old is node:
+            return
+        if old is not None:
+            old.paths.pop(path, None)
+            old.seen = None
+        self.by_path[path] = node
+        node.paths[path] = None
+        node.seen = None
+
+    def unbind(self, path: bytes, *, gone: bool = False) -> Inode | None:
+        """*path* no longer names its inode; ``gone`` = the real inode lost its last name."""
+        node = self.by_path.pop(path, None)
+        if node is None:
+            return None
+        node.paths.pop(path, None)
+        node.seen = None
+        if gone or (node.is_dir and not node.paths):
+            self.detach(node)
+        return node
+
+    def detach(self, node: Inode) -> None:
+        if node.key is not None and self.by_key.get(node.key) is node:
+            del self.by_key[node.key]
+        node.key = None
+        if node.dir_fd is not None and node is not self.root:
+            os.close(node.dir_fd)
+            node.dir_fd = None
+        for path in list(node.paths):
+            if self.by_path.get(path) is node:
+                del self.by_path[path]
+        node.paths.clear()
+
+    def forget(self, ino: int, count: int) -> None:
+        node = self.inodes.get(ino)
+        if node is None or node is self.root:
+            return
+        node.nlookup -= count
+        if node.nlookup <= 0 and not node.handles:
+            self.drop(node)
+
+    def drop(self, node: Inode) -> None:
+        """Remove a node the kernel no longer references."""
+        del self.inodes[node.ino]
+        if node.key is not None and self.by_key.get(node.key) is node:
+            del self.by_key[node.key]
+        for path in node.paths:
+            if self.by_path.get(path) is node:
+                del self.by_path[path]
+        if node.dir_fd is not None:
+            os.close(node.dir_fd)
+            node.dir_fd = None
+
+    def move(self, old: bytes, new: bytes, is_dir: bool) -> None:
+        """Rename bookkeeping: *old* (and, for a directory, everything below) → *new*."""
+        self.unbind(new)
+        node = self.by_path.get(old)
+        if node is not None:
+            self.by_path.pop(old)
+            node.paths.pop(old, None)
+            self.bind(new, node)
+        if is_dir:
+            prefix = old + b"/"
+            cut = len(old)
+            for path in [p for p in self.by_path if p.startswith(prefix)]:
+                node = self.by_path.pop(path)
+                node.paths.pop(path, None)
+                self.bind(new + path[cut:], node)
+
+    def exchange(self, a: bytes, b: bytes) -> None:
+        """RENAME_EXCHANGE bookkeeping: the subtrees at *a* and *b* swap places."""
+        tmp = b"\0xchg"  # cannot be a real path (NUL), so it never collides
+        na, nb = self.by_path.get(a), self.by_path.get(b)
+        self.move(a, tmp, na is None or na.is_dir)
+        self.move(b, a, nb is None or nb.is_dir)
+        self.move(tmp, b, na is None or na.is_dir)
+
+    def dir_fd(self, path: bytes) -> int | None:
+        """A cached ``O_PATH`` fd for directory *path* if it is in the table, else None."""
+        node = self.by_path.get(path)
+        if node is None or not node.is_dir:
+            return None
+        if node.dir_fd is None:
+            head, _, name = path.rpartition(b"/")
+            parent = self.dir_fd(head)
+            if parent is None:
+                return None
+            try:
+                fd = os.open(name, _PATH_DIR, dir_fd=parent)
+            except OSError:
+                return None
+            st = os.fstat(fd)
+            if (st.st_dev, st.st_ino) != node.key:  # the table is stale for this name
+                os.close(fd)
+                return None
+            node.dir_fd = fd
+        return node.dir_fd
+
+    def statistics(self) -> dict:
+        return {"inodes": len(self.inodes), "paths": len(self.by_path)}

@@ -1,0 +1,329 @@
+"""Control protocol v1: message parsing and validation, the method table, a client.
+
+Wire format (DESIGN.md): one JSON object per line, UTF-8, at most ``MAX_LINE`` bytes.
+
+    → {"v":1,"id":7,"method":"turn.begin","params":{...}}
+    ← {"v":1,"id":7,"event":{...}}                      (zero or more, long operations)
+    ← {"v":1,"id":7,"ok":true,"result":{...}}           (exactly one)
+    ← {"v":1,"id":7,"ok":false,"error":{"code":...,"message":...}}
+
+A handler is ``async def h(ctx, params: dict, emit) -> dict``: ``ctx`` is the daemon's
+``DaemonContext``, ``emit(event)`` an async function sending one progress line.  Handlers
+raise ``RewindfsError`` subclasses for refusals; the server turns them into error
+lines and keeps serving.  ``TABLE`` maps method names to handlers; the restore engine's
+methods are merged in from ``overlay._rewind_service.METHODS`` when that module exists.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import time
+
+import trio
+
+from store._errors import EXIT_USAGE, RewindfsError, all_error_classes
+
+log = logging.getLogger(__name__)
+
+__all__ = ["BadJson", "BadParams", "BadVersion", "Forbidden", "MAX_LINE", "TABLE",
+           "TooLarge", "UnknownMethod", "VERSION", "call", "error_from_dict",
+           "parse_request", "opt_str", "req_int", "req_str"]
+
+VERSION = 1
+MAX_LINE = 1 << 20
+
+
+class ProtocolError(RewindfsError):
+    """{message}"""
+
+    code = "protocol-error"
+
+
+class BadJson(ProtocolError):
+    """The request is not a JSON object: {reason}."""
+
+    code = "bad-json"
+
+
+class BadVersion(ProtocolError):
+    """Protocol version {got!r} is not supported (this daemon speaks v1)."""
+
+    code = "bad-version"
+
+
+class UnknownMethod(ProtocolError):
+    """Unknown method {method!r}."""
+
+    code = "unknown-method"
+    exit_code = EXIT_USAGE
+
+
+class BadParams(ProtocolError):
+    """Bad parameters for {method}: {reason}."""
+
+    code = "bad-params"
+    exit_code = EXIT_USAGE
+
+
+class TooLarge(ProtocolError):
+    """The request line is longer than 1 MiB."""
+
+    code = "too-large"
+
+
+class Forbidden(ProtocolError):
+    """Peer uid {uid} may not use this daemon (same uid or root only)."""
+
+    code = "forbidden"
+
+
+class DaemonGone(ProtocolError):
+    """The daemon closed the connection before answering."""
+
+    code = "daemon-gone"
+
+
+def parse_request(line: bytes) -> tuple[object, str, dict]:
+    """Validate one request line; return ``(id, method, params)`` or raise a ProtocolError.
+
+    The error carries ``.request_id`` when the id could be read, so the reply can echo it.
+    """
+    try:
+        msg = json.loads(line)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise BadJson(reason=str(exc)) from None
+    if not isinstance(msg, dict):
+        raise BadJson(reason="not an object")
+    rid = msg.get("id")
+    try:
+        if msg.get("v") != VERSION:
+            raise BadVersion(got=msg.get("v"))
+        if not isinstance(rid, (int, str)) or isinstance(rid, bool):
+            raise BadParams(method="request", reason="'id' must be an integer or a string")
+        method = msg.get("method")
+        if not isinstance(method, str):
+            raise BadParams(method="request", reason="'method' must be a string")
+        params = msg.get("params", {})
+        if params is None:
+            params = {}
+        if not isinstance(params, dict):
+            raise BadParams(method=method, reason="'params' must be an object")
+    except ProtocolError as exc:
+        exc.request_id = rid if isinstance(rid, (int, str)) else None
+        raise
+    return rid, method, params
+
+
+# -- parameter helpers (raise BadParams with the method name) ---------------------------
+
+def req_str(params: dict, name: str, method: str, *, empty: bool = False) -> str:
+    value = params.get(name)
+    if not isinstance(value, str) or (not empty and not value):
+        raise BadParams(method=method, reason=f"{name!r} must be a non-empty string")
+    return value
+
+
+def opt_str(params: dict, name: str, method: str) -> str | None:
+    if params.get(name) is None:
+        return None
+    return req_str(params, name, method)
+
+
+def req_int(params: dict, name: str, method: str, *, minimum: int | None = None) -> int:
+    value = params.get(name)
+    if not isinstance(value, int) or isinstance(value, bool) or (
+            minimum is not None and value < minimum):
+        bound = f" ≥ {minimum}" if minimum is not None else ""
+        raise BadParams(method=method, reason=f"{name!r} must be an integer{bound}")
+    return value
+
+
+# -- the method table -------------------------------------------------------------------
+
+def _epoch_dict(e) -> dict:
+    return {"epoch": e.id, "kind": e.kind, "session": e.session, "turn": e.turn,
+            "label": e.label, "started_ns": e.started_ns, "ended_ns": e.ended_ns,
+            "paths": e.paths, "bytes": e.bytes, "target": e.target}
+
+
+async def turn_begin(ctx, params: dict, emit) -> dict:
+    session = req_str(params, "session", "turn.begin")
+    turn = req_int(params, "turn", "turn.begin", minimum=1)
+    label = params.get("label", "")
+    if not isinstance(label, str):
+        raise BadParams(method="turn.begin", reason="'label' must be a string")
+    label = label.split("\n", 1)[0]
+    await ctx.flush_writes()
+    # No await between the epoch switch and telling the filesystem: no FUSE request
+    # can run in between, so every change lands in exactly one of the two epochs.
+    epoch = ctx.store.begin_turn(ctx.ws, session, turn, label)
+    ctx.fs.set_epoch(epoch.id)
+    return {"epoch": epoch.id}
+
+
+async def turn_end(ctx, params: dict, emit) -> dict:
+    session = opt_str(params, "session", "turn.end")
+    open_turn = ctx.store.open_turn(ctx.ws)
+    if session is not None and open_turn is not None and open_turn.session != session:
+        raise BadParams(method="turn.end",
+                        reason=f"the open turn belongs to session {open_turn.session!r}")
+    await ctx.flush_writes()
+    epoch = ctx.store.end_turn(ctx.ws)  # no await until set_epoch (see turn_begin)
+    ctx.fs.set_epoch(epoch.id)
+    return {"epoch": epoch.id}
+
+
+async def status(ctx, params: dict, emit) -> dict:
+    cur = ctx.store.current_epoch(ctx.ws)
+    open_turn = ctx.store.open_turn(ctx.ws)
+    out = {
+        "workspace": os.fsdecode(ctx.workspace_path), "store": str(ctx.store.path),
+        "socket": os.fsdecode(ctx.socket_path), "epoch": cur.id,
+        "epoch_kind": cur.kind, "mounted": True, "pid": os.getpid(),
+        "open_turn": _epoch_dict(open_turn) if open_turn else None,
+        "fs": ctx.fs.statistics(),
+    }
+    bypass = await ctx.bypass_processes()
+    if bypass:
+        out["bypass_writes"] = {"possible": True, "pids": bypass,
+                                "hint": 'these processes work in the bare directory; '
+                                        'they should re-enter it (cd "$PWD")'}
+    intent = ctx.store.get_intent(ctx.ws)
+    if intent:
+        out["intent"] = True
+    return out
+
+
+async def points(ctx, params: dict, emit) -> dict:
+    session = opt_str(params, "session", "points")
+    if session is None:
+        epochs = ctx.store.epochs(ctx.ws)
+    else:
+        epochs = [ctx.store.epoch(eid) for _, eid in ctx.store.session_points(ctx.ws, session)]
+    return {"points": [_epoch_dict(e) for e in epochs]}
+
+
+async def fork(ctx, params: dict, emit) -> dict:
+    child = req_str(params, "child", "fork")
+    parent = req_str(params, "parent", "fork")
+    boundary = req_int(params, "boundary_turn", "fork", minimum=0)
+    ctx.store.fork_session(child, parent, boundary)
+    return {}
+
+
+async def unmount(ctx, params: dict, emit) -> dict:
+    ctx.request_unmount()  # takes effect after this reply is sent
+    return {}
+
+
+TABLE = {
+    "turn.begin": turn_begin,
+    "turn.end": turn_end,
+    "status": status,
+    "points": points,
+    "fork": fork,
+    "unmount": unmount,
+}
+
+try:
+    from overlay._rewind_service import METHODS as _RW
+    TABLE.update(_RW)
+except ImportError:
+    pass
+
+
+# -- client -------------------------------------------------------------------------------
+
+def error_from_dict(err: dict) -> RewindfsError:
+    """Rebuild the error class named by a protocol error's ``code`` (for exit codes)."""
+    code = err.get("code") if isinstance(err, dict) else None
+    message = err.get("message", "") if isinstance(err, dict) else str(err)
+    for cls in all_error_classes():
+        if cls.code == code:
+            exc = cls.__new__(cls)
+            RewindfsError.__init__(exc, message)
+            return exc
+    exc = RewindfsError(message)
+    exc.code = code or "error"
+    return exc
+
+
+def _connect(s: socket.socket, path: bytes) -> None:
+    # A full listen backlog answers EAGAIN on a socket with a timeout; retry briefly.
+    for delay in (0.001, 0.01, 0.05, 0.1, 0.2, 0.5, 1.0):
+        try:
+            s.connect(path)
+            return
+        except BlockingIOError:
+            time.sleep(delay)
+    s.connect(path)
+
+
+def call(sock_path, method: str, params: dict | None = None, *, on_event=None,
+         timeout: float | None = None, request_id=1) -> dict:
+    """Blocking client: send one request, pass events to ``on_event``, return the result.
+
+    Raises the ``RewindfsError`` subclass matching an error reply's code,
+    ``DaemonGone`` if the connection closes first, ``OSError`` if it cannot connect.
+    """
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(timeout)
+        _connect(s, os.fsencode(sock_path))
+        req = {"v": VERSION, "id": request_id, "method": method, "params": params or {}}
+        s.sendall(json.dumps(req).encode() + b"\n")
+        buf = b""
+        while True:
+            while b"\n" not in buf:
+                chunk = s.recv(65536)
+                if not chunk:
+                    raise DaemonGone()
+                buf += chunk
+            line, buf = buf.split(b"\n", 1)
+            msg = json.loads(line)
+            if "event" in msg:
+                if on_event is not None:
+                    on_event(msg["event"])
+                continue
+            if msg.get("ok"):
+                return msg.get("result", {})
+            raise error_from_dict(msg.get("error", {}))
+
+
+# -- server side of one connection ------------------------------------------------------
+
+def reply_ok(rid, result) -> bytes:
+    return json.dumps({"v": VERSION, "id": rid, "ok": True, "result": result}).encode() + b"\n"
+
+
+def reply_error(rid, exc: RewindfsError) -> bytes:
+    return json.dumps({"v": VERSION, "id": rid, "ok": False,
+                       "error": exc.to_dict()}).encode() + b"\n"
+
+
+async def dispatch(ctx, line: bytes, send) -> None:
+    """Handle one request line; every outcome is exactly one reply line."""
+    rid = None
+    try:
+        rid, method, params = parse_request(line)
+        handler = TABLE.get(method)
+        if handler is None:
+            raise UnknownMethod(method=method)
+
+        async def emit(event: dict) -> None:
+            await send(json.dumps({"v": VERSION, "id": rid, "event": event}).encode() + b"\n")
+
+        result = await handler(ctx, params, emit)
+        await send(reply_ok(rid, result if result is not None else {}))
+    except RewindfsError as exc:
+        rid = getattr(exc, "request_id", rid)
+        await send(reply_error(rid, exc))
+    except trio.Cancelled:
+        raise
+    except Exception as exc:  # a bug must not take the daemon down
+        log.exception("control request failed")
+        err = RewindfsError(f"internal error: {type(exc).__name__}: {exc}")
+        err.code = "internal"
+        await send(reply_error(rid, err))

@@ -1,0 +1,494 @@
+"""The restore engine: plan a rewind, apply it through the root dir fd, recover a crash.
+
+Contracts (DESIGN invariants 3–6, 11):
+
+- ``apply_plan`` refuses while a turn is open (``TurnOpen``) unless forced.  It opens a
+  ``rewind`` epoch, then writes the **intent** (``store.put_intent``) before the first
+  change, lands every action, fsyncs the directories it changed, closes the epoch and
+  only then clears the intent.  A crash at any point leaves an intent whose replay
+  (``recover``) finishes the job: a plan is a list of target states, so landing it
+  again is idempotent, and re-planning the same point after a partial run yields the
+  same targets (the rewind epoch only touches paths the plan already touched).
+- Write-ahead per path: the path's current state is captured into the rewind epoch
+  (``_capture.capture``) before anything of it changes, so every rewind is itself a
+  point — redo is "rewind to the start of the newest rewind epoch".
+- Paths are resolved under ``root_fd`` only (``_resolve.open_parent``, ``O_NOFOLLOW``
+  components): a symlinked component fails that path with ``path-escape``; nothing is
+  written outside the workspace (invariant 4).
+- Deletions: only ``delete`` actions (recorded ``absent`` targets) remove anything, and
+  a directory only when empty; ignored paths (``.rewindignore``) are never touched.
+- A path that cannot be restored is named in ``RestoreResult.failed``; the others still
+  land (``exit_code`` 1 = partial).
+- Unchanged paths are skipped (no capture, no write): a second identical rewind is a
+  no-op, and the recovery after a crash only touches what is still wrong.
+
+Blocking and synchronous; the daemon runs it in a worker thread.  Test hook:
+``REWINDFS_FAULT_AFTER=k`` SIGKILLs the process after its k-th change (see
+``_restore_land``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+
+from store import NothingToRedo, Plan, RewindfsError, TurnOpen
+from store._preimage import check_relpath
+
+from . import _restore_land as L
+from ._capture import capture
+from ._ignore import IgnoreRules
+from ._resolve import open_dir, open_parent, split
+from ._restore_links import InodeIndex, parse_group
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Failure", "PlannedAction", "RestoreResult", "RewindPlan", "apply_plan",
+           "plan_redo", "plan_rewind", "recover"]
+
+CHANGES = ("created", "written", "deleted", "meta", "unchanged", "ignored")
+
+
+@dataclass(frozen=True)
+class PlannedAction:
+    action: object        # store.Action
+    change: str           # one of CHANGES, as seen when planned
+
+
+@dataclass
+class RewindPlan:
+    """A store ``Plan`` classified against the real tree, plus the foreign paths.
+
+    ``foreign``: (path, epoch) of touched paths whose newest change came from an
+    ``idle`` epoch (a person's edits between turns) or from another session's turn.
+    """
+
+    target: int
+    plan: Plan
+    items: list[PlannedAction]
+    foreign: list[tuple[bytes, object]] = field(default_factory=list)
+    requested: list[bytes] | None = None   # the ``paths`` filter, for the intent
+
+    def counts(self) -> dict[str, int]:
+        out = dict.fromkeys(CHANGES, 0)
+        for it in self.items:
+            if it.action.op != "meta" or it.change != "unchanged":
+                out[it.change] += 1
+        return out
+
+
+@dataclass(frozen=True)
+class Failure:
+    path: bytes
+    code: str
+    message: str
+
+    def to_dict(self) -> dict:
+        return {"path": os.fsdecode(self.path), "code": self.code, "message": self.message}
+
+
+@dataclass
+class RestoreResult:
+    epoch: int | None            # the rewind epoch (None for a dry run / no-op recovery)
+    target: int
+    counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(CHANGES, 0))
+    failed: list[Failure] = field(default_factory=list)
+
+    @property
+    def exit_code(self) -> int:
+        return 1 if self.failed else 0
+
+    def to_dict(self) -> dict:
+        return {"epoch": self.epoch, "target": self.target,
+                "written": self.counts["written"],
+                "created": self.counts["created"], "deleted": self.counts["deleted"],
+                "meta": self.counts["meta"], "unchanged": self.counts["unchanged"],
+                "failed": [f.to_dict() for f in self.failed]}
+
+
+# -- assessing one path -------------------------------------------------------------
+
+class _Groups:
+    """Hard-link groups seen in this run: link_group → (relpath, inode) of its first
+    landed name, or inode None when that name is yet to be written (dry run)."""
+
+    def __init__(self):
+        self.first: dict[bytes, tuple[bytes, int | None]] = {}
+
+
+def _assess(dir_fd: int, name: bytes, action, groups: _Groups) -> str:
+    """How ``action`` would change the entry now: one of CHANGES (never "ignored")."""
+    st = L.lstat_at(dir_fd, name)
+    cur, img = L.kind_of(st), action.image
+    if action.op == "delete":
+        return "unchanged" if st is None else "deleted"
+    if action.op == "meta":
+        if cur != "dir":
+            return "unchanged"      # the mkdir failed and was reported already
+        return "unchanged" if L.meta_equal(img, st, L.xattrs_at(dir_fd, name)) else "meta"
+    if cur == "absent":
+        return "created"
+    if cur != img.kind:
+        return "written"
+    if img.kind == "dir":
+        return "unchanged"          # its metadata is the "meta" action's job
+    if img.kind == "file" and not _same_file(dir_fd, name, st, img, groups):
+        return "written"
+    if img.kind == "symlink" and os.readlink(name, dir_fd=dir_fd) != img.target:
+        return "written"
+    return "unchanged" if L.meta_equal(img, st, L.xattrs_at(dir_fd, name)) else "meta"
+
+
+def _same_file(dir_fd, name, st, img, groups: _Groups) -> bool:
+    if img.link_group is not None and img.link_group in groups.first:
+        return st.st_ino == groups.first[img.link_group][1]
+    # A name outside the plan sharing this inode shared it at the point too (it was not
+    # touched since), so an extra link is no reason to rewrite.
+    return st.st_size == img.size and L.file_key(dir_fd, name) == img.blob
+
+
+def _note_group(dir_fd, name, path, img, groups: _Groups, *, inode_known: bool) -> None:
+    """Remember the first name of a hard-link group; later names link to it."""
+    if img.kind != "file" or img.link_group is None or img.link_group in groups.first:
+        return
+    st = L.lstat_at(dir_fd, name) if inode_known else None
+    groups.first[img.link_group] = (path, st.st_ino if st is not None else None)
+
+
+def _is_ignored(rules: IgnoreRules, action) -> bool:
+    return rules.ignored(action.path, action.image.kind == "dir")
+
+
+# -- planning -----------------------------------------------------------------------
+
+def plan_rewind(root_fd: int, store, ws: int, to, *, paths=None,
+                session: str | None = None) -> RewindPlan:
+    """Resolve ``to`` (absolute point; relative → ``BadPoint``), build the store plan
+    and classify each action against the real tree under ``root_fd``.  Reads only
+    (content is hashed, nothing is stored)."""
+    requested = None if paths is None else [check_relpath(p) for p in paths]
+    target = store.resolve_point(ws, to, session)
+    plan = store.plan(ws, target, requested)
+    rules, groups, items = IgnoreRules.load(root_fd), _Groups(), []
+    for action in plan:
+        items.append(PlannedAction(action, _classify(root_fd, action, rules, groups)))
+    return RewindPlan(target, plan, items, _foreign(store, ws, target, requested, session),
+                      requested)
+
+
+def _classify(root_fd, action, rules, groups) -> str:
+    if _is_ignored(rules, action):
+        return "ignored"
+    try:
+        dir_fd, name = open_parent(root_fd, action.path)
+    except (FileNotFoundError, NotADirectoryError):
+        # No parent yet: an earlier action creates it (or its failure shows up then).
+        return "created" if action.op not in ("delete", "meta") else "unchanged"
+    except (OSError, RewindfsError):
+        return "written"    # applying will name the failure (e.g. path-escape)
+    try:
+        change = _assess(dir_fd, name, action, groups)
+        _note_group(dir_fd, name, action.path, action.image, groups,
+                    inode_known=change == "unchanged")
+        return change
+    finally:
+        os.close(dir_fd)
+
+
+def _foreign(store, ws, target, paths, session):
+    base = session if session is not None else store.epoch(target).session
+    out = []
+    for path, ep in store.changed_since(ws, target, paths):
+        if ep.kind == "idle" or (ep.kind == "turn" and base is not None
+                                 and ep.session != base):
+            out.append((path, ep))
+    return out
+
+
+def plan_redo(root_fd: int, store, ws: int, *, session: str | None = None) -> RewindPlan:
+    """Undo the newest rewind (of ``session`` if given): plan a rewind to its start."""
+    newest = store.newest_rewind(ws, session)
+    if newest is None:
+        raise NothingToRedo(scope=f" of session {session}" if session else "")
+    return plan_rewind(root_fd, store, ws, f"e{newest.id}", session=None)
+
+
+# -- applying -----------------------------------------------------------------------
+
+@dataclass
+class _Run:
+    root_fd: int
+    store: object
+    ws: int
+    epoch: int
+    progress: object
+    invalidate: object
+    rules: IgnoreRules
+    inodes: InodeIndex | None = None
+    groups: _Groups = field(default_factory=_Groups)
+    dirty: set = field(default_factory=set)
+    uncaptured: dict = field(default_factory=dict)   # path → why its capture failed
+
+
+def _twins(run: _Run, path: bytes) -> list[bytes]:
+    """Other names of ``path``'s inode, if it is a file with more than one link."""
+    try:
+        dir_fd, name = open_parent(run.root_fd, path)
+    except (OSError, RewindfsError):
+        return []
+    try:
+        st = L.lstat_at(dir_fd, name)
+    finally:
+        os.close(dir_fd)
+    if st is None or L.kind_of(st) != "file" or st.st_nlink < 2:
+        return []
+    return [p for p in run.inodes.names(st.st_dev, st.st_ino) if p != path]
+
+
+def _adopt_group(run: _Run, img) -> None:
+    """No name of ``img``'s link group landed yet: if a surviving name of that inode
+    still holds the target content, make it the group's first name (we link to it)."""
+    key = parse_group(img.link_group) if img.kind == "file" else None
+    if key is None or img.link_group in run.groups.first:
+        return
+    for other in run.inodes.names(*key):
+        try:
+            dir_fd, name = open_parent(run.root_fd, other)
+        except (OSError, RewindfsError):
+            continue
+        try:
+            st = L.lstat_at(dir_fd, name)
+            if (st is not None and (st.st_dev, st.st_ino) == key and L.kind_of(st) == "file"
+                    and st.st_size == img.size and L.file_key(dir_fd, name) == img.blob):
+                run.groups.first[img.link_group] = (other, st.st_ino)
+                return
+        finally:
+            os.close(dir_fd)
+
+
+def _new_run(root_fd, store, ws, epoch_id, progress, invalidate) -> _Run:
+    rules = IgnoreRules.load(root_fd)
+    return _Run(root_fd, store, ws, epoch_id, progress, invalidate, rules,
+                InodeIndex(root_fd, rules))
+
+
+def _precapture(run: _Run, paths: list[bytes]) -> None:
+    """Capture every path about to change, and its parent directory, before the first
+    change: the rewind epoch then holds one consistent picture of the tree as it was
+    (a name's link count or a directory's mtime changes when a *neighbour* lands, so
+    capturing each path just before its own landing would record a half-done state).
+    A path whose capture fails is kept out of the landing (fail closed)."""
+    todo = {q for p in paths for q in (split(p)[0], p) if q}
+    for p in paths:
+        todo.update(_twins(run, p))
+    todo = sorted(todo)
+    try:
+        capture(run.root_fd, run.store, run.ws, run.epoch, todo)
+        return
+    except (OSError, RewindfsError):
+        log.debug("batch capture failed; capturing one by one to name the culprits")
+    for path in todo:
+        try:
+            capture(run.root_fd, run.store, run.ws, run.epoch, [path])
+        except (OSError, RewindfsError) as exc:
+            run.uncaptured[path] = exc
+
+
+def apply_plan(root_fd: int, store, ws: int, plan, *, session: str | None,
+               progress=None, invalidate=None, force: bool = False,
+               epoch_changed=None) -> RestoreResult:
+    """Apply ``plan`` (a ``RewindPlan`` or a store ``Plan``) as a new ``rewind`` epoch
+    attributed to ``session``.  ``progress(event)`` gets ``{"type": "rewind.written" |
+    "rewind.deleted" | "rewind.failed", "path": bytes, …}``; ``invalidate(relpath)`` is
+    called after each landed path; ``epoch_changed()`` right after the rewind epoch
+    opens and right after it closes (the filesystem re-reads its current epoch).  See
+    the module contract for ordering."""
+    store_plan = plan.plan if isinstance(plan, RewindPlan) else plan
+    requested = plan.requested if isinstance(plan, RewindPlan) else sorted(store_plan.paths)
+    turn = store.open_turn(ws)
+    if turn is not None and not force:
+        raise TurnOpen(turn=turn.turn, session=turn.session)
+    epoch = store.begin_rewind(ws, store_plan.target, session)
+    _notify(epoch_changed)
+    # The intent goes down before the first change: from here a crash is recoverable.
+    store.put_intent(ws, {"v": 1, "epoch": epoch.id, "target": store_plan.target,
+                          "paths": requested, "session": session})
+    items = plan.items if isinstance(plan, RewindPlan) else None
+    result = _land_all(_new_run(root_fd, store, ws, epoch.id, progress, invalidate),
+                       store_plan, items)
+    store.end_rewind(ws)
+    _notify(epoch_changed)
+    store.clear_intent(ws)
+    return result
+
+
+def _notify(callback) -> None:
+    if callback is not None:
+        callback()
+
+
+def _land_all(run: _Run, store_plan, items=None) -> RestoreResult:
+    L.FAULT.arm()
+    result = RestoreResult(run.epoch, store_plan.target)
+    if items is None:
+        groups = _Groups()
+        items = [PlannedAction(a, _classify(run.root_fd, a, run.rules, groups))
+                 for a in store_plan]
+    _precapture(run, [it.action.path for it in items
+                      if it.change not in ("unchanged", "ignored")])
+    for action in store_plan:
+        if _is_ignored(run.rules, action):
+            result.counts["ignored"] += 1
+            continue
+        try:
+            if action.path in run.uncaptured:
+                raise run.uncaptured[action.path]
+            change = _land_one(run, action)
+        except (OSError, RewindfsError) as exc:
+            fail = _failure(action.path, exc)
+            result.failed.append(fail)
+            log.warning("rewind: %r not restored: %s", action.path, fail.message)
+            _emit(run, {"type": "rewind.failed", "path": action.path, "code": fail.code,
+                        "message": fail.message})
+            continue
+        result.counts[change] += 1
+        if change != "unchanged":
+            kind = "rewind.deleted" if change == "deleted" else "rewind.written"
+            _emit(run, {"type": kind, "path": action.path, "op": action.op,
+                        "change": change})
+    _fsync_dirs(run)
+    return result
+
+
+def _land_one(run: _Run, action) -> str:
+    try:
+        dir_fd, name = open_parent(run.root_fd, action.path)
+    except (FileNotFoundError, NotADirectoryError):
+        if action.op in ("delete", "meta"):
+            return "unchanged"  # no parent: already absent / its mkdir failed (reported)
+        raise
+    try:
+        _adopt_group(run, action.image)
+        change = _assess(dir_fd, name, action, run.groups)
+        if change != "unchanged":
+            # Write-ahead: the state we replace is recorded before it is touched.
+            capture(run.root_fd, run.store, run.ws, run.epoch, [action.path])
+            _land(run, dir_fd, name, action, change)
+            run.dirty.add(split(action.path)[0])
+            if run.invalidate is not None:
+                run.invalidate(action.path)
+        _note_group(dir_fd, name, action.path, action.image, run.groups, inode_known=True)
+        return change
+    finally:
+        os.close(dir_fd)
+
+
+def _land(run: _Run, dir_fd: int, name: bytes, action, change: str) -> None:
+    img, path, op = action.image, action.path, action.op
+    if op == "delete":
+        L.delete_at(dir_fd, name, path)
+    elif op == "mkdir":
+        L.land_dir(dir_fd, name, path)
+    elif op == "meta":
+        L.set_meta_at(dir_fd, name, img, path)
+    elif op == "symlink":
+        L.land_symlink(dir_fd, name, img, run.epoch, path)
+    elif op == "mkfifo":
+        if change == "meta":
+            L.set_meta_at(dir_fd, name, img, path)
+        else:
+            L.land_fifo(dir_fd, name, img, run.epoch, path)
+    elif op == "write":
+        _land_file(run, dir_fd, name, action, change)
+    else:
+        raise RewindfsError(f"unknown plan action {op!r}")
+
+
+def _land_file(run: _Run, dir_fd: int, name: bytes, action, change: str) -> None:
+    img, path = action.image, action.path
+    first = run.groups.first.get(img.link_group) if img.link_group is not None else None
+    if change == "meta":
+        L.set_meta_at(dir_fd, name, img, path)
+    elif first is not None:
+        src_fd, src_name = open_parent(run.root_fd, first[0])
+        try:
+            L.land_link(dir_fd, name, src_fd, src_name, run.epoch, path)
+        finally:
+            os.close(src_fd)
+        # The inode's metadata is shared; a name adopted from outside the plan may
+        # carry metadata from after the point.
+        st = L.lstat_at(dir_fd, name)
+        if not L.meta_equal(img, st, L.xattrs_at(dir_fd, name)):
+            L.set_meta_at(dir_fd, name, img, path)
+    else:
+        L.land_file(dir_fd, name, img, run.store, run.epoch, path)
+
+
+def _emit(run: _Run, event: dict) -> None:
+    if run.progress is not None:
+        run.progress(event)
+
+
+def _failure(path: bytes, exc: BaseException) -> Failure:
+    if isinstance(exc, RewindfsError):
+        return Failure(path, exc.code, exc.message)
+    if isinstance(exc, FileNotFoundError):
+        return Failure(path, "parent-missing", f"a parent directory is missing ({exc.strerror})")
+    import errno as _errno
+    name = _errno.errorcode.get(exc.errno, "EIO") if exc.errno else "EIO"
+    return Failure(path, "os-error", f"{name}: {exc.strerror or exc}")
+
+
+def _fsync_dirs(run: _Run) -> None:
+    """Make the renames durable before the intent is cleared (one fsync per dir)."""
+    for rel in sorted(run.dirty):
+        try:
+            fd = open_dir(run.root_fd, rel)
+        except (OSError, RewindfsError):
+            continue
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+# -- recovery -----------------------------------------------------------------------
+
+def recover(root_fd: int, store, ws: int, *, progress=None, invalidate=None,
+            epoch_changed=None) -> RestoreResult | None:
+    """Finish an interrupted rewind from its intent (roll forward), then clear it.
+
+    Returns ``None`` without an intent.  Re-plans the intent's point and lands what is
+    still wrong, inside the interrupted rewind epoch if it is still open (else in the
+    current epoch), sweeps stale temp names, and closes that rewind epoch."""
+    intent = store.get_intent(ws)
+    if intent is None:
+        return None
+    rewind_id, target = intent["epoch"], intent["target"]
+    current = store.current_epoch(ws)
+    still_open = current.id == rewind_id and current.kind == "rewind"
+    log.warning("recovering interrupted rewind (epoch %s, to point %s)", rewind_id, target)
+    plan = store.plan(ws, target, intent.get("paths"))
+    run = _new_run(root_fd, store, ws, rewind_id if still_open else current.id, progress,
+                   invalidate)
+    _sweep(root_fd, plan)
+    result = _land_all(run, plan, None)
+    result.epoch = rewind_id
+    if still_open:
+        store.end_rewind(ws)
+        _notify(epoch_changed)
+    store.clear_intent(ws)
+    return result
+
+
+def _sweep(root_fd: int, plan) -> None:
+    for rel in sorted({split(p)[0] for p in plan.paths}):
+        try:
+            fd = open_dir(root_fd, rel)
+        except (OSError, RewindfsError):
+            continue
+        try:
+            L.sweep_temps(fd)
+        finally:
+            os.close(fd)

@@ -1,0 +1,344 @@
+"""Landing primitives of the restore engine: put one path into its target state.
+
+Everything here works on a directory fd and a single name inside it (from
+``_resolve.open_parent``), never on a path string, so nothing is followed out of the
+workspace.  Contracts:
+
+- A file, symlink or fifo lands **atomically**: it is built under a unique temp name in
+  the same directory (content, xattrs, owner, mode, mtime, then ``fsync``) and only then
+  ``rename``d over the name.  A crash leaves either the old or the new version plus, at
+  worst, a stale temp file named ``.rewindfs~<epoch>~<hex>`` (``sweep_temps`` removes
+  those; the recovery does).
+- A directory in the way of a file is removed with ``rmdir`` only: a directory holding
+  anything is never emptied here (DESIGN invariant 3) — ``NotEmpty`` names it.
+- Owner changes are attempted; ``EPERM`` is ignored (owner "where permitted").
+- ``fault_step()`` is called after every change that reaches the disk.  It implements
+  the test hook ``REWINDFS_FAULT_AFTER=k``: the process SIGKILLs itself right after the
+  k-th change (k ≥ 1) — used by the crash tests, inert when the variable is unset.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import secrets
+import signal
+import stat
+
+import xxhash
+
+from store._errors import RewindfsError
+
+log = logging.getLogger(__name__)
+
+TMP_PREFIX = b".rewindfs~"
+_CHUNK = 1 << 20
+_OPEN_META = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
+# Namespaces a restore manages: extra names there are removed to match the target.
+# security.*/system.* belong to the system (SELinux labels, ACL mirrors) and stay.
+_MANAGED_XATTR = (b"user.", b"trusted.")
+
+
+class NotEmpty(RewindfsError):
+    """{path!r} must go but holds entries that were never observed; left as it is."""
+
+    code = "not-empty"
+    exit_code = 1
+
+
+class KindChanged(RewindfsError):
+    """{path!r} changed kind while it was being restored; left as it is."""
+
+    code = "raced"
+    exit_code = 1
+
+
+# -- fault injection (tests only) --------------------------------------------------
+
+class _Fault:
+    """Counts changes; SIGKILLs the process after the k-th one (``REWINDFS_FAULT_AFTER``)."""
+
+    def __init__(self):
+        self.left = None
+
+    def arm(self) -> None:
+        raw = os.environ.get("REWINDFS_FAULT_AFTER")
+        self.left = int(raw) if raw else None
+
+    def step(self) -> None:
+        if self.left is None:
+            return
+        self.left -= 1
+        if self.left <= 0:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+FAULT = _Fault()
+fault_step = FAULT.step
+
+
+# -- inspection ---------------------------------------------------------------------
+
+def lstat_at(dir_fd: int, name: bytes) -> os.stat_result | None:
+    try:
+        return os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+
+
+def kind_of(st: os.stat_result | None) -> str:
+    if st is None:
+        return "absent"
+    m = st.st_mode
+    if stat.S_ISREG(m):
+        return "file"
+    if stat.S_ISDIR(m):
+        return "dir"
+    if stat.S_ISLNK(m):
+        return "symlink"
+    if stat.S_ISFIFO(m):
+        return "fifo"
+    return "other"
+
+
+def file_key(dir_fd: int, name: bytes) -> bytes:
+    """xxh3-128 of a regular file's content (the store's blob key function)."""
+    fd = os.open(name, _OPEN_META, dir_fd=dir_fd)
+    try:
+        h, off = xxhash.xxh3_128(), 0
+        while chunk := os.pread(fd, _CHUNK, off):
+            h.update(chunk)
+            off += len(chunk)
+        return h.digest()
+    finally:
+        os.close(fd)
+
+
+def _proc(dir_fd: int, name: bytes) -> bytes:
+    # /proc/self/fd/N is followed to the directory itself; the last component is then
+    # looked up with follow_symlinks as the caller asks — a safe *at() for xattr calls.
+    return b"/proc/self/fd/%d/" % dir_fd + name
+
+
+def xattrs_at(dir_fd: int, name: bytes) -> dict[bytes, bytes]:
+    path = _proc(dir_fd, name)
+    out = {}
+    try:
+        names = os.listxattr(path, follow_symlinks=False)
+    except OSError as exc:
+        if exc.errno in (errno.ENOTSUP, errno.EPERM):
+            return {}
+        raise
+    for n in names:
+        nb = os.fsencode(n)
+        try:
+            out[nb] = os.getxattr(path, nb, follow_symlinks=False)
+        except OSError as exc:
+            if exc.errno not in (errno.ENODATA, errno.ENOTSUP, errno.EPERM):
+                raise
+    return out
+
+
+def can_chown() -> bool:
+    return os.geteuid() == 0
+
+
+def meta_equal(img, st: os.stat_result, xattrs: dict[bytes, bytes]) -> bool:
+    """True if mode, mtime, xattrs (and owner, when we could change it) match ``img``."""
+    if img.kind != "symlink" and stat.S_IMODE(st.st_mode) != img.mode:
+        return False
+    if st.st_mtime_ns != img.mtime_ns:
+        return False
+    if can_chown() and (st.st_uid, st.st_gid) != (img.uid, img.gid):
+        return False
+    managed = {n: v for n, v in xattrs.items() if n.startswith(_MANAGED_XATTR)}
+    wanted = dict(img.xattrs)
+    for n, v in wanted.items():
+        if xattrs.get(n) != v:
+            return False
+    return all(n in wanted for n in managed)
+
+
+# -- applying metadata --------------------------------------------------------------
+
+def _set_xattrs_fd(fd: int, img) -> None:
+    wanted = dict(img.xattrs)
+    for n in os.listxattr(fd):
+        nb = os.fsencode(n)
+        if nb.startswith(_MANAGED_XATTR) and nb not in wanted:
+            os.removexattr(fd, nb)
+    for n, v in img.xattrs:
+        os.setxattr(fd, n, v)
+
+
+def _chown_fd(fd: int, img) -> None:
+    try:
+        os.fchown(fd, img.uid, img.gid)
+    except PermissionError:
+        log.debug("owner %d:%d not permitted; kept", img.uid, img.gid)
+
+
+def set_meta_fd(fd: int, img) -> None:
+    """Owner, mode, xattrs, mtime on an open fd — in that order (chown clears set-id
+    bits, and every other change would bump the mtime again)."""
+    _chown_fd(fd, img)
+    os.fchmod(fd, img.mode)
+    _set_xattrs_fd(fd, img)
+    os.utime(fd, ns=(img.mtime_ns, img.mtime_ns))
+
+
+def set_meta_at(dir_fd: int, name: bytes, img, path: bytes) -> None:
+    """Metadata of an existing non-symlink entry, opened without following."""
+    fd = os.open(name, _OPEN_META, dir_fd=dir_fd)
+    try:
+        if kind_of(os.fstat(fd)) != img.kind:
+            raise KindChanged(path=path)
+        set_meta_fd(fd, img)
+    finally:
+        os.close(fd)
+    fault_step()
+
+
+def _set_symlink_meta(dir_fd: int, name: bytes, img) -> None:
+    try:
+        os.chown(name, img.uid, img.gid, dir_fd=dir_fd, follow_symlinks=False)
+    except PermissionError:
+        pass
+    path = _proc(dir_fd, name)
+    for n, v in img.xattrs:
+        try:
+            os.setxattr(path, n, v, follow_symlinks=False)
+        except OSError as exc:  # user.* is not allowed on symlinks by Linux
+            if exc.errno not in (errno.EPERM, errno.ENOTSUP):
+                raise
+    os.utime(name, ns=(img.mtime_ns, img.mtime_ns), dir_fd=dir_fd, follow_symlinks=False)
+
+
+# -- landing ------------------------------------------------------------------------
+
+def temp_name(epoch_id: int) -> bytes:
+    return TMP_PREFIX + b"%d~%s" % (epoch_id, secrets.token_hex(8).encode())
+
+
+def _unlink_quiet(dir_fd: int, name: bytes) -> None:
+    try:
+        os.unlink(name, dir_fd=dir_fd)
+    except OSError:
+        pass
+
+
+def _clear_dir_in_way(dir_fd: int, name: bytes, path: bytes) -> None:
+    st = lstat_at(dir_fd, name)
+    if st is not None and stat.S_ISDIR(st.st_mode):
+        try:
+            os.rmdir(name, dir_fd=dir_fd)
+        except OSError as exc:
+            if exc.errno in (errno.ENOTEMPTY, errno.EEXIST):
+                raise NotEmpty(path=path) from None
+            raise
+        fault_step()
+
+
+def _rename_in(dir_fd: int, tmp: bytes, name: bytes, path: bytes) -> None:
+    _clear_dir_in_way(dir_fd, name, path)
+    os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    fault_step()
+
+
+def land_file(dir_fd: int, name: bytes, img, store, epoch_id: int, path: bytes) -> None:
+    """Write blob ``img.blob`` with its metadata under a temp name, fsync, rename."""
+    tmp = temp_name(epoch_id)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                 0o600, dir_fd=dir_fd)
+    try:
+        try:
+            store.copy_blob_to_fd(img.blob, fd)
+            set_meta_fd(fd, img)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        fault_step()
+        _rename_in(dir_fd, tmp, name, path)
+    except BaseException:
+        _unlink_quiet(dir_fd, tmp)
+        raise
+
+
+def land_link(dir_fd: int, name: bytes, src_dir_fd: int, src_name: bytes, epoch_id: int,
+              path: bytes) -> None:
+    """Make ``name`` another hard link of ``src_name`` (temp link, then rename).  A no-op
+    if it already is one (rename between two links of one inode does nothing, which
+    would leave the temp name behind)."""
+    src = os.stat(src_name, dir_fd=src_dir_fd, follow_symlinks=False)
+    cur = lstat_at(dir_fd, name)
+    if cur is not None and (cur.st_dev, cur.st_ino) == (src.st_dev, src.st_ino):
+        return
+    tmp = temp_name(epoch_id)
+    os.link(src_name, tmp, src_dir_fd=src_dir_fd, dst_dir_fd=dir_fd, follow_symlinks=False)
+    try:
+        fault_step()
+        _rename_in(dir_fd, tmp, name, path)
+    except BaseException:
+        _unlink_quiet(dir_fd, tmp)
+        raise
+
+
+def land_symlink(dir_fd: int, name: bytes, img, epoch_id: int, path: bytes) -> None:
+    tmp = temp_name(epoch_id)
+    os.symlink(img.target, tmp, dir_fd=dir_fd)
+    try:
+        _set_symlink_meta(dir_fd, tmp, img)
+        fault_step()
+        _rename_in(dir_fd, tmp, name, path)
+    except BaseException:
+        _unlink_quiet(dir_fd, tmp)
+        raise
+
+
+def land_fifo(dir_fd: int, name: bytes, img, epoch_id: int, path: bytes) -> None:
+    tmp = temp_name(epoch_id)
+    os.mkfifo(tmp, 0o600, dir_fd=dir_fd)
+    try:
+        set_meta_at(dir_fd, tmp, img, path)
+        _rename_in(dir_fd, tmp, name, path)
+    except BaseException:
+        _unlink_quiet(dir_fd, tmp)
+        raise
+
+
+def land_dir(dir_fd: int, name: bytes, path: bytes) -> None:
+    """Create directory ``name``; a non-directory in the way is unlinked first (it was
+    captured by the caller).  Metadata comes later, from the plan's ``meta`` action."""
+    st = lstat_at(dir_fd, name)
+    if st is not None and stat.S_ISDIR(st.st_mode):
+        return
+    if st is not None:
+        os.unlink(name, dir_fd=dir_fd)
+        fault_step()
+    os.mkdir(name, 0o700, dir_fd=dir_fd)
+    fault_step()
+
+
+def delete_at(dir_fd: int, name: bytes, path: bytes) -> None:
+    """Remove ``name``: ``rmdir`` for a directory (only if empty), else ``unlink``."""
+    st = lstat_at(dir_fd, name)
+    if st is None:
+        return
+    if stat.S_ISDIR(st.st_mode):
+        _clear_dir_in_way(dir_fd, name, path)
+        return
+    os.unlink(name, dir_fd=dir_fd)
+    fault_step()
+
+
+def sweep_temps(dir_fd: int) -> int:
+    """Remove stale ``.rewindfs~…`` temp entries (regular files, symlinks, fifos) in one
+    directory; return how many.  Only our own temp names are touched."""
+    n = 0
+    for entry in os.scandir(dir_fd):
+        name = os.fsencode(entry.name)
+        if name.startswith(TMP_PREFIX) and not entry.is_dir(follow_symlinks=False):
+            _unlink_quiet(dir_fd, name)
+            n += 1
+    return n

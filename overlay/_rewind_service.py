@@ -1,0 +1,227 @@
+"""Control-socket methods of the restore engine: rewind, redo, diff, show, gc.
+
+``METHODS`` (name → ``async def h(ctx, params, emit) -> dict``) is merged into the
+protocol's dispatch table.  The blocking restore runs in a worker thread
+(``trio.to_thread``, not cancellable: once begun a rewind finishes, or its intent lets
+the next start finish it); progress events hop back to the trio thread to be sent.
+Rewinds of one daemon are serialised.
+
+Before planning, the kernel's dirty pages are pushed to the daemon (``flush_writes``):
+with the writeback cache on, an agent's last writes could otherwise land on top of the
+restored files later.  After each landed path the kernel caches are invalidated
+(``ctx.invalidate``), so the mount shows the restored tree at once.
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import logging
+import os
+
+import trio
+
+from store._errors import PathEscape
+
+from . import _diff, _restore
+from ._protocol import BadParams
+
+log = logging.getLogger(__name__)
+
+__all__ = ["METHODS", "SYNC", "call_local", "events_of", "plan_dict", "rewind_lock",
+           "wire_path"]
+
+_LOCKS: dict[int, trio.Lock] = {}
+
+
+# -- parameters ---------------------------------------------------------------------
+
+def wire_path(value, method: str) -> bytes:
+    """A workspace-relative path from the wire (str, surrogateescape) → bytes.
+    ``""``/``"."`` = the whole workspace; absolute paths and ``..`` are refused."""
+    if not isinstance(value, str):
+        raise BadParams(method=method, reason="paths must be strings")
+    raw = os.fsencode(value)
+    if raw.startswith(b"/"):
+        raise PathEscape(path=raw, reason="absolute path; give it relative to the workspace")
+    parts = [p for p in raw.split(b"/") if p not in (b"", b".")]
+    if b".." in parts:
+        raise PathEscape(path=raw, reason="'..' component")
+    return b"/".join(parts)
+
+
+def _paths(params: dict, method: str) -> list[bytes] | None:
+    value = params.get("paths")
+    if value is None:
+        return None
+    if not isinstance(value, list) or not value:
+        raise BadParams(method=method, reason="'paths' must be a non-empty list of strings")
+    return [wire_path(v, method) for v in value]
+
+
+def _point(params: dict, name: str, method: str, *, required: bool = True):
+    value = params.get(name)
+    if value is None and not required:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, str)) or value == "":
+        raise BadParams(method=method, reason=f"{name!r} must be an epoch id or a turn")
+    return value
+
+
+def _flag(params: dict, name: str, method: str) -> bool:
+    value = params.get(name, False)
+    if not isinstance(value, bool):
+        raise BadParams(method=method, reason=f"{name!r} must be true or false")
+    return value
+
+
+def _opt_str(params: dict, name: str, method: str) -> str | None:
+    value = params.get(name)
+    if value is not None and (not isinstance(value, str) or not value):
+        raise BadParams(method=method, reason=f"{name!r} must be a non-empty string")
+    return value
+
+
+def _opt_num(params: dict, name: str, method: str):
+    value = params.get(name)
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                              or value < 0):
+        raise BadParams(method=method, reason=f"{name!r} must be a number ≥ 0")
+    return value
+
+
+# -- wire forms -----------------------------------------------------------------------
+
+def plan_dict(plan: _restore.RewindPlan, *, with_changes: bool) -> dict:
+    counts = plan.counts()
+    out = {"target": plan.target, **counts,
+           "foreign": [{"path": os.fsdecode(p), "epoch": e.id, "kind": e.kind,
+                        "session": e.session, "turn": e.turn} for p, e in plan.foreign]}
+    if with_changes:
+        out["changes"] = [{"path": os.fsdecode(it.action.path), "op": it.action.op,
+                           "change": it.change} for it in plan.items
+                          if it.change not in ("unchanged", "ignored")]
+    return out
+
+
+def events_of(event: dict) -> dict:
+    """An engine progress event (bytes path) → its wire form."""
+    return {**event, "path": os.fsdecode(event["path"])}
+
+
+# -- the methods, synchronous (run in a worker thread, or by the CLI on an unmounted dir)
+#
+# ``ctx`` needs ``store``, ``ws``, ``root_fd``; ``invalidate`` and ``epoch_changed`` are
+# used when present.  ``send(event)`` gets each progress event in its wire form.
+
+def _run_rewind(ctx, make_plan, *, dry_run: bool, session, force: bool, send) -> dict:
+    if not dry_run and ctx.store.get_intent(ctx.ws) is not None:
+        # An earlier rewind of this workspace broke off: finish it before planning anew.
+        _restore.recover(ctx.root_fd, ctx.store, ctx.ws,
+                         invalidate=getattr(ctx, "invalidate", None),
+                         epoch_changed=getattr(ctx, "epoch_changed", None))
+    plan = make_plan()
+    send({"type": "rewind.planned", "dry_run": dry_run,
+          **plan_dict(plan, with_changes=dry_run)})
+    if dry_run:
+        return {"dry_run": True, "epoch": None, **plan_dict(plan, with_changes=True)}
+    result = _restore.apply_plan(
+        ctx.root_fd, ctx.store, ctx.ws, plan, session=session, force=force,
+        progress=lambda ev: send(events_of(ev)), invalidate=getattr(ctx, "invalidate", None),
+        epoch_changed=getattr(ctx, "epoch_changed", None))
+    done = {**result.to_dict(), "exit_code": result.exit_code}
+    send({"type": "rewind.done", **done, "failed": len(result.failed)})
+    return {**done, "foreign": plan_dict(plan, with_changes=False)["foreign"]}
+
+
+def rewind_sync(ctx, params: dict, send) -> dict:
+    to = _point(params, "to", "rewind")
+    paths = _paths(params, "rewind")
+    session = _opt_str(params, "session", "rewind")
+    undo_for = _opt_str(params, "undo_for", "rewind")
+    dry_run, force = _flag(params, "dry_run", "rewind"), _flag(params, "force", "rewind")
+    make = functools.partial(_restore.plan_rewind, ctx.root_fd, ctx.store, ctx.ws, to,
+                             paths=paths, session=session)
+    # undo_for: the rewind is attributed to that session, so its `redo` finds it.
+    return _run_rewind(ctx, make, dry_run=dry_run, force=force, send=send,
+                       session=undo_for if undo_for is not None else session)
+
+
+def redo_sync(ctx, params: dict, send) -> dict:
+    session = _opt_str(params, "session", "redo")
+    dry_run, force = _flag(params, "dry_run", "redo"), _flag(params, "force", "redo")
+    make = functools.partial(_restore.plan_redo, ctx.root_fd, ctx.store, ctx.ws,
+                             session=session)
+    return _run_rewind(ctx, make, dry_run=dry_run, force=force, session=session, send=send)
+
+
+def diff_sync(ctx, params: dict, send) -> dict:
+    a, b = _point(params, "a", "diff"), _point(params, "b", "diff", required=False)
+    paths = _paths(params, "diff")
+    session = _opt_str(params, "session", "diff")
+    ea = ctx.store.resolve_point(ctx.ws, a, session)
+    eb = None if b is None else ctx.store.resolve_point(ctx.ws, b, session)
+    changes = _diff.diff_points(ctx.root_fd, ctx.store, ctx.ws, ea, eb, paths=paths)
+    return {"a": ea, "b": eb, "changes": [c.to_dict() for c in changes]}
+
+
+def show_sync(ctx, params: dict, send) -> dict:
+    point = _point(params, "point", "show", required=False)
+    if "path" not in params:
+        raise BadParams(method="show", reason="'path' is required")
+    path = wire_path(params["path"], "show")
+    if not path:
+        raise BadParams(method="show", reason="'path' must name a file")
+    session = _opt_str(params, "session", "show")
+    epoch = None if point is None else ctx.store.resolve_point(ctx.ws, point, session)
+    data = _diff.content_at(ctx.root_fd, ctx.store, ctx.ws, epoch, path)
+    if data is None:
+        return {"point": epoch, "exists": False, "content_b64": None}
+    return {"point": epoch, "exists": True,
+            "content_b64": base64.b64encode(data).decode("ascii")}
+
+
+def gc_sync(ctx, params: dict, send) -> dict:
+    policy = {}
+    for name in ("grace_s", "max_age_s", "max_bytes", "keep_epochs"):
+        value = _opt_num(params, name, "gc")
+        if value is not None:
+            policy[name] = int(value) if name in ("keep_epochs", "max_bytes") else value
+    return ctx.store.gc(**policy).to_dict()
+
+
+SYNC = {"rewind": rewind_sync, "redo": redo_sync, "diff": diff_sync, "show": show_sync,
+        "gc": gc_sync}
+
+
+def call_local(ctx, method: str, params: dict, on_event=None) -> dict:
+    """Run a method in this process (the CLI on an unmounted workspace)."""
+    return SYNC[method](ctx, params, on_event or (lambda event: None))
+
+
+# -- the protocol handlers ----------------------------------------------------------------
+
+def rewind_lock(ctx) -> trio.Lock:
+    """Held while a rewind/redo of this daemon runs.  A turn mark should take it too:
+    ``begin_turn`` would otherwise close the rewind epoch under the running rewind."""
+    return _LOCKS.setdefault(id(ctx), trio.Lock())
+
+
+async def _handle(method: str, ctx, params: dict, emit) -> dict:
+    lock = rewind_lock(ctx)
+    changes = method in ("rewind", "redo") and params.get("dry_run") is not True
+    async with lock:
+        if changes:
+            await ctx.flush_writes()
+        token = trio.lowlevel.current_trio_token()
+
+        def send(event: dict) -> None:
+            trio.from_thread.run(emit, event, trio_token=token)
+
+        result = await trio.to_thread.run_sync(SYNC[method], ctx, params, send)
+        if changes:
+            await ctx.invalidations_settled()
+        return result
+
+
+METHODS = {name: functools.partial(_handle, name) for name in SYNC}

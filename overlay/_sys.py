@@ -1,0 +1,60 @@
+"""The few Linux calls the standard library lacks: ``renameat2``, ``utimensat`` with
+``UTIME_OMIT``, ``syncfs``.  Each raises ``OSError`` with the kernel's errno."""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+
+__all__ = ["RENAME_EXCHANGE", "RENAME_NOREPLACE", "UTIME_OMIT", "renameat2", "syncfs",
+           "utimensat"]
+
+RENAME_NOREPLACE = 1
+RENAME_EXCHANGE = 2
+UTIME_OMIT = (1 << 30) - 2
+AT_SYMLINK_NOFOLLOW = 0x100
+
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+_libc.renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p,
+                            ctypes.c_uint]
+_libc.syncfs.argtypes = [ctypes.c_int]
+
+
+class _Timespec(ctypes.Structure):
+    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
+
+
+_libc.utimensat.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.POINTER(_Timespec),
+                            ctypes.c_int]
+
+
+def _check(ret: int, what: str, name=None) -> None:
+    if ret != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err), name)
+
+
+def renameat2(old_dir: int, old: bytes, new_dir: int, new: bytes, flags: int = 0) -> None:
+    """``renameat2(2)``; flags ``RENAME_NOREPLACE`` / ``RENAME_EXCHANGE``."""
+    if not flags:
+        os.rename(old, new, src_dir_fd=old_dir, dst_dir_fd=new_dir)
+        return
+    _check(_libc.renameat2(old_dir, old, new_dir, new, flags), "renameat2", old)
+
+
+def _ts(ns: int | None) -> _Timespec:
+    if ns is None:
+        return _Timespec(0, UTIME_OMIT)
+    return _Timespec(ns // 1_000_000_000, ns % 1_000_000_000)
+
+
+def utimensat(dir_fd: int, name: bytes, atime_ns: int | None, mtime_ns: int | None) -> None:
+    """Set atime/mtime of *name* (not following a symlink); ``None`` leaves one as is."""
+    times = (_Timespec * 2)(_ts(atime_ns), _ts(mtime_ns))
+    _check(_libc.utimensat(dir_fd, name, times, AT_SYMLINK_NOFOLLOW), "utimensat", name)
+
+
+def syncfs(fd: int) -> None:
+    """Write back every dirty page and inode of the filesystem holding *fd*."""
+    _check(_libc.syncfs(fd), "syncfs")

@@ -1,0 +1,120 @@
+"""``rewindfs`` — the command line.
+
+Subcommands come from two modules, each with ``register(subparsers)`` (adds its
+parsers, each setting ``command=<name>``) and ``HANDLERS`` (name → ``handler(args, out)
+-> int``): ``overlay._cli_mount`` (mount, unmount, run, turn begin|end, status, fsck)
+and, when present, ``overlay._cli_rewind`` (log, rewind, redo, diff, show, gc).
+
+Exit codes are made here and only here (DESIGN): a handler's return value, or
+``RewindfsError.exit_code`` for an error (0 done, 1 partial, 2 could not run, 3 usage;
+argparse errors are usage errors and exit 3).  ``--json`` prints JSON Lines
+``{"v":1,"type":...}``; otherwise people get rich output on a terminal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+
+from store._errors import RewindfsError
+
+from ._paths import UsageError
+
+__all__ = ["Output", "main"]
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        raise UsageError(f"{message} (see {self.prog} --help)")
+
+
+class Output:
+    """Where a command's results go: JSON Lines (``--json``) or rich text for people."""
+
+    def __init__(self, json_mode: bool, stream=None):
+        self.json = json_mode
+        self.stream = stream or sys.stdout
+        self._console = None
+
+    @property
+    def console(self):
+        if self._console is None:
+            from rich.console import Console
+            self._console = Console(file=self.stream, highlight=False)
+        return self._console
+
+    def emit(self, type_: str, **fields) -> None:
+        """One machine-readable record (printed only in ``--json`` mode)."""
+        if self.json:
+            self.stream.write(json.dumps({"v": 1, "type": type_, **fields}) + "\n")
+            self.stream.flush()
+
+    def say(self, text: str, **style) -> None:
+        """A line for people (suppressed in ``--json`` mode)."""
+        if not self.json:
+            self.console.print(text, soft_wrap=True, **style)
+
+    def warn(self, text: str) -> None:
+        """A warning: JSON record on stdout in ``--json`` mode, else to stderr."""
+        if self.json:
+            self.emit("warning", message=text)
+        else:
+            from rich.console import Console
+            Console(stderr=True, highlight=False).print(f"[yellow]warning:[/] {text}",
+                                                        soft_wrap=True)
+
+    def error(self, exc: RewindfsError) -> None:
+        if self.json:
+            self.emit("error", code=exc.code, message=exc.message, exit_code=exc.exit_code)
+        else:
+            from rich.console import Console
+            from rich.markup import escape
+            Console(stderr=True, highlight=False).print(
+                f"[red]rewindfs: {escape(exc.message)}[/] [dim]({exc.code})[/]", soft_wrap=True)
+
+
+def build_parser():
+    parser = _Parser(prog="rewindfs", description="Rewind and redo for agent sessions.")
+    parser.add_argument("--json", action="store_true", help="print JSON Lines")
+    parser.add_argument("--store", metavar="PATH", help="store path (default $REWINDFS_HOME, "
+                        "$XDG_DATA_HOME/rewindfs or ~/.local/share/rewindfs)")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log debug output")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    table = {}
+    from . import _cli_mount
+    _cli_mount.register(sub)
+    table.update(_cli_mount.HANDLERS)
+    try:
+        from . import _cli_rewind
+    except ImportError:
+        pass
+    else:
+        _cli_rewind.register(sub)
+        table.update(_cli_rewind.HANDLERS)
+    return parser, table
+
+
+def main(argv=None) -> int:
+    """Run one command; returns the exit code (``sys.exit(main())``)."""
+    out = Output("--json" in (argv if argv is not None else sys.argv[1:]))
+    try:
+        parser, table = build_parser()
+        args = parser.parse_args(argv)
+        out = Output(args.json)
+        logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
+                            format="%(name)s: %(message)s")
+        handler = table.get(args.command)
+        if handler is None:
+            raise UsageError("name a command (rewindfs --help lists them)")
+        return int(handler(args, out) or 0)
+    except RewindfsError as exc:
+        out.error(exc)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

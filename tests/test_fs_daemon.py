@@ -1,0 +1,227 @@
+"""The daemon and the mount CLI: background mount, unmount, run, refusals with codes,
+stale mounts and their recovery, signals."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from mountkit import PYTHON, ROOT, cli, is_rewindfs_mount, mounted
+
+pytestmark = pytest.mark.mount
+
+
+def jlines(res) -> list[dict]:
+    return [json.loads(x) for x in res.stdout.splitlines() if x.strip()]
+
+
+def error_code(res) -> str:
+    return [x for x in jlines(res) if x["type"] == "error"][0]["code"]
+
+
+@pytest.fixture
+def dirs(tmp_path):
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    return ws, tmp_path / "store"
+
+
+def wait_until(pred, what, limit=30.0):
+    deadline = time.monotonic() + limit
+    while not pred():
+        assert time.monotonic() < deadline, f"gave up waiting for {what}"
+        time.sleep(0.02)
+
+
+def test_background_mount_unmount(dirs):
+    ws, store = dirs
+    (ws / "f").write_text("bare")
+    res = cli("--json", "mount", ws, store=store)
+    try:
+        assert res.returncode == 0, res.stderr
+        assert is_rewindfs_mount(ws)  # mounted by the time the command returned
+        assert jlines(res)[-1]["type"] == "mounted"
+        st = json.loads(cli("--json", "status", "-C", ws, store=store).stdout)
+        pid = st["pid"]
+        assert pid != os.getpid() and os.path.exists(f"/proc/{pid}")
+        assert (ws / "f").read_text() == "bare"
+        (ws / "f").write_text("through the mount")
+        again = cli("--json", "mount", ws, store=store)
+        assert again.returncode == 2 and error_code(again) == "already-mounted"
+    finally:
+        res = cli("unmount", ws, store=store)
+    assert res.returncode == 0, res.stderr
+    assert not is_rewindfs_mount(ws)
+    wait_until(lambda: not os.path.exists(f"/proc/{pid}") or
+               open(f"/proc/{pid}/stat").read().split()[2] == "Z", "daemon exit")
+    assert (ws / "f").read_text() == "through the mount"
+
+
+@pytest.mark.parametrize("case", ["missing", "file", "root", "home", "store-inside"])
+def test_refusals(tmp_path, case):
+    ws = tmp_path / "ws"
+    store = tmp_path / "store"
+    env = {}
+    if case == "file":
+        ws.write_text("x")
+    elif case == "root":
+        ws = "/"
+    elif case == "home":
+        ws.mkdir()
+        env = {"HOME": str(ws)}
+    elif case == "store-inside":
+        ws.mkdir()
+        store = ws / ".store"
+    res = cli("--json", "mount", ws, store=store, env=env)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert error_code(res) == {"missing": "bad-workspace", "file": "bad-workspace",
+                               "root": "refused-workspace", "home": "refused-workspace",
+                               "store-inside": "store-inside-workspace"}[case]
+    assert not is_rewindfs_mount(ws)
+
+
+def test_usage_errors_exit_3(dirs):
+    ws, store = dirs
+    assert cli("mount", store=store).returncode == 3
+    assert cli("frobnicate", store=store).returncode == 3
+    assert cli("turn", "begin", "--session", "s", store=store).returncode == 3
+    assert cli("run", "--dir", ws, store=store).returncode == 3
+    res = cli("--json", "unmount", ws, store=store)
+    assert res.returncode == 2 and error_code(res) == "not-mounted"
+    res = cli("--json", "status", "-C", ws, store=store)
+    assert res.returncode == 2 and error_code(res) == "not-mounted"  # never mounted
+
+
+def test_status_of_an_unmounted_workspace_comes_from_the_store(dirs):
+    ws, store = dirs
+    with mounted(ws, store) as m:
+        m.call("turn.begin", session="s", turn=1, label="l")
+    res = cli("status", "--json", "--store", store, "-C", ws / ".")
+    assert res.returncode == 0, res.stderr
+    st = jlines(res)[0]
+    assert st["mounted"] is False and st["open_turn"]["turn"] == 1
+    (ws / "sub").mkdir()
+    assert jlines(cli("status", "--json", "--store", store, cwd=ws / "sub"))[0][
+        "workspace"] == os.path.realpath(ws)
+
+
+def test_run_mounts_runs_inside_and_unmounts(dirs):
+    ws, store = dirs
+    sub = ws / "sub"
+    sub.mkdir()
+    script = ("import os, sys; open('made', 'w').write('x'); "
+              "print(os.stat('.').st_dev); sys.exit(7)")
+    res = cli("run", "--dir", ws, "--", PYTHON, "-c", script, store=store, cwd=sub)
+    assert res.returncode == 7, res.stderr
+    assert int(res.stdout.split()[-1]) != os.stat(sub).st_dev  # ran inside the mount
+    assert not is_rewindfs_mount(ws)
+    assert (sub / "made").read_text() == "x"
+    from store import Store
+    with Store.open(store) as s:
+        wsid = s.workspace(os.fsencode(os.path.realpath(ws)))
+        touched = [p for e in s.epochs(wsid) for p, _ in s.journal(wsid, e.id)]
+        assert b"sub/made" in touched
+        assert s.fsck().ok
+
+
+def test_cli_turns_and_status(dirs):
+    ws, store = dirs
+    with mounted(ws, store):
+        res = cli("--json", "turn", "begin", "--session", "s", "--turn", "2", "--label", "hi",
+                  "-C", ws, store=store)
+        assert res.returncode == 0, res.stderr
+        epoch = jlines(res)[0]["epoch"]
+        st = jlines(cli("--json", "status", store=store, cwd=ws))[0]  # found from the cwd
+        assert st["open_turn"]["epoch"] == epoch and st["open_turn"]["label"] == "hi"
+        res = cli("--json", "turn", "end", "-C", ws, store=store)
+        assert jlines(res)[0]["epoch"] > epoch
+        human = cli("status", "-C", ws, store=store)
+        assert human.returncode == 0 and "no open turn" in human.stdout
+        assert cli("fsck", store=store).returncode == 0
+
+
+def test_mount_warns_when_cwd_is_inside(dirs):
+    ws, store = dirs
+    res = cli("mount", ws, store=store, cwd=ws)
+    try:
+        assert res.returncode == 0, res.stderr
+        assert 'cd "$PWD"' in res.stderr
+    finally:
+        assert cli("unmount", ws, store=store).returncode == 0
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_signals_unmount_cleanly(dirs, sig):
+    ws, store = dirs
+    proc = subprocess.Popen([PYTHON, "-m", "overlay.cli", "--store", str(store), "mount",
+                             str(ws), "--foreground"], cwd=ROOT,
+                            env=dict(os.environ, PYTHONPATH=str(ROOT)),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        wait_until(lambda: is_rewindfs_mount(ws) or proc.poll() is not None, "mount")
+        assert is_rewindfs_mount(ws)
+        (ws / "x").write_text("1")
+        proc.send_signal(sig)
+        assert proc.wait(timeout=30) == 0
+        assert not is_rewindfs_mount(ws)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if is_rewindfs_mount(ws):
+            subprocess.run(["fusermount3", "-uz", str(ws)])
+    assert (ws / "x").read_text() == "1"
+
+
+def test_stale_mount_is_refused_then_recovered(dirs):
+    ws, store = dirs
+    proc = subprocess.Popen([PYTHON, "-m", "overlay.cli", "--store", str(store), "mount",
+                             str(ws), "--foreground"], cwd=ROOT,
+                            env=dict(os.environ, PYTHONPATH=str(ROOT)),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_until(lambda: is_rewindfs_mount(ws), "mount")
+        proc.kill()  # a dead daemon leaves ENOTCONN behind
+        proc.wait()
+        with pytest.raises(OSError):
+            os.listdir(ws)
+        res = cli("--json", "mount", ws, store=store)
+        assert res.returncode == 2 and error_code(res) == "stale-mount"
+        assert "--recover" in jlines(res)[-1]["message"]
+        res = cli("mount", "--recover", ws, store=store)
+        assert res.returncode == 0, res.stderr
+        (ws / "after").write_text("ok")
+        assert cli("unmount", ws, store=store).returncode == 0
+        assert (ws / "after").read_text() == "ok"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        if is_rewindfs_mount(ws):
+            subprocess.run(["fusermount3", "-uz", str(ws)])
+
+
+def test_external_fusermount_unmount_ends_the_daemon_cleanly(dirs):
+    ws, store = dirs
+    proc = subprocess.Popen([PYTHON, "-m", "overlay.cli", "--store", str(store), "mount",
+                             str(ws), "--foreground"], cwd=ROOT,
+                            env=dict(os.environ, PYTHONPATH=str(ROOT)),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_until(lambda: is_rewindfs_mount(ws), "mount")
+        (ws / "f").write_text("x")
+        assert subprocess.run(["fusermount3", "-u", str(ws)]).returncode == 0
+        assert proc.wait(timeout=30) == 0
+        assert not is_rewindfs_mount(ws)
+        from overlay._paths import control_socket_path
+        assert not os.path.exists(control_socket_path(store, ws))  # socket removed
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if is_rewindfs_mount(ws):
+            subprocess.run(["fusermount3", "-uz", str(ws)])

@@ -1,0 +1,206 @@
+"""``rewindfs log/rewind/redo/diff/show/gc`` on an unmounted workspace, in-process
+(``overlay.cli.main``), against a real store; exit codes as in DESIGN.md."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+import pytest
+
+from overlay.cli import main
+from restorekit import History
+from store import Store
+from store_fixtures import assert_sound
+from treesnap import compare, snapshot
+
+
+class Env:
+    def __init__(self, tmp_path):
+        self.store_path = tmp_path / "store"
+        self.root = tmp_path / "ws"
+        self.root.mkdir()
+        self.points = {}
+
+    def history(self):
+        """Two turns of session s1, then an edit by hand between turns."""
+        with Store.open(self.store_path) as store:
+            h = History(store, self.root)
+            with open(h.p(b"keep.txt"), "wb") as f:
+                f.write(b"from before\n")
+            self.points[1] = h.turn(1)
+            self.snap1 = snapshot(self.root)
+            h.write(b"a.txt", b"one\ntwo\n")
+            h.write(b"bin", bytes(range(256)))
+            self.points[2] = h.turn(2)
+            self.snap2 = snapshot(self.root)
+            h.write(b"a.txt", b"one\nTWO\nthree\n")
+            h.remove(b"keep.txt")
+            h.mkdir(b"d")
+            h.write(b"d/x", b"x\n")
+            h.end_turn()
+            h.write(b"by-hand.txt", b"typed between turns\n")
+            h.close()
+        self.snap_end = snapshot(self.root)
+
+    def run(self, *argv, capfd):
+        code = main(["--store", str(self.store_path), *argv])
+        out, err = capfd.readouterr()
+        return code, out, err
+
+    def json(self, *argv, capfd):
+        code, out, err = self.run(*argv, "--json", capfd=capfd)
+        return code, [json.loads(line) for line in out.splitlines()], err
+
+    def check_store(self):
+        with Store.open(self.store_path, create=False) as store:
+            assert_sound(store)
+
+
+@pytest.fixture
+def env(tmp_path, monkeypatch):
+    e = Env(tmp_path)
+    e.history()
+    monkeypatch.chdir(e.root)
+    yield e
+    e.check_store()
+
+
+def test_log_lists_every_epoch_newest_last(env, capfd):
+    code, lines, _ = env.json("log", capfd=capfd)
+    assert code == 0
+    kinds = [(r["type"], r["kind"], r["turn"]) for r in lines]
+    assert kinds[:2] == [("epoch", "turn", 1), ("epoch", "turn", 2)]
+    assert [r["epoch"] for r in lines] == sorted(r["epoch"] for r in lines)
+    code, out, _ = env.run("log", capfd=capfd)
+    assert code == 0 and "turn 2" in out and "idle" in out
+
+
+def test_dry_run_lists_plan_and_foreign_paths_and_changes_nothing(env, capfd):
+    code, lines, _ = env.json("rewind", "2", "--session", "s1", "--dry-run", capfd=capfd)
+    assert code == 0
+    (planned,) = lines
+    assert planned["type"] == "rewind.planned" and planned["target"] == env.points[2]
+    changes = {c["path"]: c["change"] for c in planned["changes"]}
+    assert changes == {"a.txt": "written", "keep.txt": "created", "d": "deleted",
+                       "d/x": "deleted", "by-hand.txt": "deleted"}
+    assert [(f["path"], f["kind"]) for f in planned["foreign"]] == [("by-hand.txt", "idle")]
+    assert compare(env.snap_end, snapshot(env.root)) == []
+    code, out, _ = env.run("rewind", "t2", "--dry-run", capfd=capfd)
+    assert code == 0 and "by-hand.txt" in out and "between turns" in out
+
+
+def test_rewind_redo_and_events(env, capfd):
+    code, lines, _ = env.json("rewind", "t1", capfd=capfd)
+    assert code == 0
+    types = [r["type"] for r in lines]
+    assert types[0] == "rewind.planned" and types[-1] == "rewind.done"
+    assert {"rewind.written", "rewind.deleted"} <= set(types)
+    assert all(r["v"] == 1 for r in lines)
+    assert compare(env.snap1, snapshot(env.root)) == []
+    code, _out, _ = env.run("redo", capfd=capfd)
+    assert code == 0
+    assert compare(env.snap_end, snapshot(env.root)) == []
+    code, _out, _ = env.run("rewind", f"e{env.points[2]}", capfd=capfd)
+    assert code == 0
+    assert compare(env.snap2, snapshot(env.root)) == []
+
+
+def test_path_option_limits_the_rewind(env, capfd):
+    code, _out, _ = env.run("rewind", "t1", "--path", "a.txt", capfd=capfd)
+    assert code == 0
+    assert not os.path.exists(env.root / "a.txt")
+    assert os.path.exists(env.root / "d/x") and os.path.exists(env.root / "bin")
+
+
+@pytest.mark.parametrize("argv,code,error", [
+    (["rewind", "-1"], 3, "relative-point"),
+    (["rewind", "HEAD~1"], 3, "relative-point"),
+    (["rewind", "~1"], 3, "relative-point"),
+    (["rewind", "prev"], 3, "relative-point"),
+    (["rewind", "last"], 3, "relative-point"),
+    (["rewind", "e999"], 2, "unknown-point"),
+    (["rewind", "t9"], 2, "unknown-point"),
+    (["rewind", "t1", "--path", "../outside"], 3, "path-escape"),
+    (["rewind", "t1", "--path", "/etc/passwd"], 3, "path-escape"),
+    (["redo"], 2, "nothing-to-redo"),
+    (["show", "t1", "a.txt"], 2, "absent"),
+])
+def test_bad_input_is_refused_and_changes_nothing(env, capfd, argv, code, error):
+    got, lines, _ = env.json(*argv, capfd=capfd)
+    assert got == code
+    assert lines[-1]["type"] == "error" and lines[-1]["code"] == error, lines
+    assert compare(env.snap_end, snapshot(env.root)) == []
+
+
+def test_open_turn_refuses_unless_forced(env, capfd):
+    with Store.open(env.store_path) as store:
+        ws = store.workspace(os.fsencode(os.path.realpath(env.root)))
+        store.begin_turn(ws, "s1", 3, "busy")
+    code, lines, _ = env.json("rewind", "t1", capfd=capfd)
+    assert code == 2 and lines[-1]["code"] == "turn-open"
+    assert compare(env.snap_end, snapshot(env.root)) == []
+    code, _lines, _ = env.json("rewind", "t1", "--force", capfd=capfd)
+    assert code == 0
+    assert compare(env.snap1, snapshot(env.root)) == []
+
+
+def test_partial_rewind_exits_1_and_names_the_path(env, capfd):
+    stuck = os.fsencode(env.root / "a.txt")
+    subprocess.run(["chattr", "+i", stuck], check=True)
+    try:
+        code, lines, _ = env.json("rewind", "t2", capfd=capfd)
+    finally:
+        subprocess.run(["chattr", "-i", stuck], check=True)
+    assert code == 1
+    failed = [r for r in lines if r["type"] == "rewind.failed"]
+    assert [f["path"] for f in failed] == ["a.txt"]
+    assert lines[-1]["type"] == "rewind.done" and lines[-1]["failed"] == 1
+    assert os.path.exists(env.root / "keep.txt") and not os.path.exists(env.root / "d")
+
+
+def test_diff_and_show(env, capfd):
+    code, out, _ = env.run("diff", "t2", capfd=capfd)
+    assert code == 0
+    assert "-two" in out and "+TWO" in out and "+three" in out
+    code, lines, _ = env.json("diff", "t1", "t2", capfd=capfd)
+    by_path = {r["path"]: r for r in lines}
+    assert by_path["bin"]["summary"] == "Binary bin: absent → 256 bytes"
+    assert "+one" in by_path["a.txt"]["diff"]
+    code, out, _ = env.run("show", "t2", "a.txt", capfd=capfd)
+    assert code == 0 and out == "one\ntwo\n"
+    code, out, _ = env.run("show", "t1", "keep.txt", capfd=capfd)
+    assert out == "from before\n"
+
+
+def test_gc_and_not_a_workspace(env, capfd, tmp_path, monkeypatch):
+    code, lines, _ = env.json("gc", "--max-bytes", "1G", capfd=capfd)
+    assert code == 0 and lines[0]["type"] == "gc"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    code, lines, _ = env.json("rewind", "t1", capfd=capfd)
+    assert code == 2 and lines[-1]["code"] == "not-a-workspace"
+
+
+def test_subdirectory_of_a_workspace_works(env, capfd, monkeypatch):
+    os.makedirs(env.root / "d", exist_ok=True)
+    monkeypatch.chdir(env.root / "d")
+    code, _out, _ = env.run("rewind", "t2", "--path", "x", capfd=capfd)
+    assert code == 0
+    assert not os.path.exists(env.root / "d/x")
+
+
+def test_killed_cli_rewind_is_finished_by_the_next_command(env, capfd):
+    from mountkit import cli
+    res = cli("rewind", "t1", store=env.store_path, cwd=env.root,
+              env={"REWINDFS_FAULT_AFTER": "3"})
+    assert res.returncode == -9
+    res = cli("log", store=env.store_path, cwd=env.root)
+    assert res.returncode == 0 and "interrupted rewind" in res.stderr
+    assert compare(env.snap1, snapshot(env.root)) == []
+    assert not [n for n in os.listdir(env.root) if n.startswith(".rewindfs~")]
+    code, _out, _ = env.run("redo", capfd=capfd)
+    assert code == 0
+    assert compare(env.snap_end, snapshot(env.root)) == []

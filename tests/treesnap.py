@@ -1,0 +1,45 @@
+"""Tree snapshots for the restore tests: the shared point checker plus hard links.
+
+``snapshot(path)`` = ``pointcheck.snapshot_dir`` (kind, mode, content, symlink target,
+xattrs) together with the link structure: for every regular file, its link count and
+the other names of its inode.  ``compare(expected, actual)`` returns readable
+differences (empty list = identical).  Restore temp names (``.rewindfs~…``) are not
+filtered: one surviving a rewind is a bug, and shows up here.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+
+from pointcheck import diff_trees, snapshot_dir
+
+
+def links(top) -> dict[bytes, tuple[int, tuple[bytes, ...]]]:
+    """{relpath: (st_nlink, other names of the same inode)} for every regular file."""
+    top = os.fsencode(top)
+    by_inode: dict[int, list[bytes]] = {}
+    nlink: dict[bytes, tuple[int, int]] = {}
+    for dirpath, _dirs, files in os.walk(top):
+        for name in files:
+            full = os.path.join(dirpath, name)
+            st = os.lstat(full)
+            if stat.S_ISREG(st.st_mode):
+                rel = os.path.relpath(full, top)
+                by_inode.setdefault(st.st_ino, []).append(rel)
+                nlink[rel] = (st.st_nlink, st.st_ino)
+    return {rel: (n, tuple(sorted(p for p in by_inode[ino] if p != rel)))
+            for rel, (n, ino) in nlink.items()}
+
+
+def snapshot(top, *, mtimes: bool = False):
+    return snapshot_dir(top, xattrs=True, mtimes=mtimes), links(top)
+
+
+def compare(expected, actual) -> list[str]:
+    (tree_e, links_e), (tree_a, links_a) = expected, actual
+    out = diff_trees(tree_e, tree_a)
+    for rel in sorted(set(links_e) & set(links_a)):
+        if links_e[rel] != links_a[rel]:
+            out.append(f"{rel!r}: links {links_a[rel]}, expected {links_e[rel]}")
+    return out
