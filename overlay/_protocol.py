@@ -156,12 +156,20 @@ async def turn_begin(ctx, params: dict, emit) -> dict:
     if not isinstance(label, str):
         raise BadParams(method="turn.begin", reason="'label' must be a string")
     label = label.split("\n", 1)[0]
-    await ctx.flush_writes()
-    # No await between the epoch switch and telling the filesystem: no FUSE request
-    # can run in between, so every change lands in exactly one of the two epochs.
-    epoch = ctx.store.begin_turn(ctx.ws, session, turn, label)
-    ctx.fs.set_epoch(epoch.id)
+    # A running rewind owns the current epoch: a turn mark waits for it to finish
+    # instead of closing the rewind epoch under it.
+    async with _mutation_lock(ctx):
+        await ctx.flush_writes()
+        # No await between the epoch switch and telling the filesystem: no FUSE request
+        # can run in between, so every change lands in exactly one of the two epochs.
+        epoch = ctx.store.begin_turn(ctx.ws, session, turn, label)
+        ctx.fs.set_epoch(epoch.id)
     return {"epoch": epoch.id}
+
+
+def _mutation_lock(ctx) -> trio.Lock:
+    from ._rewind_service import rewind_lock  # late: _rewind_service imports this module
+    return rewind_lock(ctx)
 
 
 async def turn_end(ctx, params: dict, emit) -> dict:
@@ -170,9 +178,10 @@ async def turn_end(ctx, params: dict, emit) -> dict:
     if session is not None and open_turn is not None and open_turn.session != session:
         raise BadParams(method="turn.end",
                         reason=f"the open turn belongs to session {open_turn.session!r}")
-    await ctx.flush_writes()
-    epoch = ctx.store.end_turn(ctx.ws)  # no await until set_epoch (see turn_begin)
-    ctx.fs.set_epoch(epoch.id)
+    async with _mutation_lock(ctx):
+        await ctx.flush_writes()
+        epoch = ctx.store.end_turn(ctx.ws)  # no await until set_epoch (see turn_begin)
+        ctx.fs.set_epoch(epoch.id)
     return {"epoch": epoch.id}
 
 

@@ -9,9 +9,11 @@ Contracts (DESIGN invariants 3–6, 11):
   (``recover``) finishes the job: a plan is a list of target states, so landing it
   again is idempotent, and re-planning the same point after a partial run yields the
   same targets (the rewind epoch only touches paths the plan already touched).
-- Write-ahead per path: the path's current state is captured into the rewind epoch
-  (``_capture.capture``) before anything of it changes, so every rewind is itself a
-  point — redo is "rewind to the start of the newest rewind epoch".
+- Write-ahead: every path about to change — with its parent directory and the other
+  names of a multiply-linked inode — is captured into the rewind epoch
+  (``_capture.capture``) in one batch before the first change, so the epoch records
+  the tree exactly as the rewind found it; every rewind is itself a point, and redo is
+  "rewind to the start of the newest rewind epoch".
 - Paths are resolved under ``root_fd`` only (``_resolve.open_parent``, ``O_NOFOLLOW``
   components): a symlinked component fails that path with ``path-escape``; nothing is
   written outside the workspace (invariant 4).
