@@ -1,0 +1,67 @@
+"""Finding the control socket of the daemon that serves a directory.
+
+The socket path is a pure function of the store's real path and the workspace's
+real path (``docs/architecture.md``, "Control socket")::
+
+    ${XDG_RUNTIME_DIR:-/tmp}/rewindfs-<uid>/<xxh3_64(store_real + NUL + ws_real) hex>.sock
+
+The daemon computes it in ``overlay/_paths.py``; this module re-implements it so the
+plugin needs no import from ``overlay`` or ``store`` (the JavaScript plugin carries a
+third copy).  All three are tested against ``tests/e2e/socket_path_vectors.json``.
+
+A client finds the daemon from any directory inside a workspace by walking up from
+that directory and computing the path for each ancestor; the first socket that exists
+wins.  That costs one ``stat`` per ancestor and needs no configuration.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+
+import xxhash  # a declared project dependency; stdlib has no xxh3
+
+__all__ = ["control_socket_path", "default_store_path", "find_socket", "socket_path_for"]
+
+
+def default_store_path() -> pathlib.Path:
+    """``$REWINDFS_HOME``, else ``$XDG_DATA_HOME/rewindfs``, else ``~/.local/share/rewindfs``
+    (an empty variable counts as unset)."""
+    if home := os.environ.get("REWINDFS_HOME"):
+        return pathlib.Path(home)
+    if data := os.environ.get("XDG_DATA_HOME"):
+        return pathlib.Path(data) / "rewindfs"
+    return pathlib.Path.home() / ".local" / "share" / "rewindfs"
+
+
+def socket_path_for(store_real: bytes, ws_real: bytes, uid: int, runtime_dir: bytes | None) -> bytes:
+    """The pure core: no file system access, no environment (what the vectors pin)."""
+    digest = xxhash.xxh3_64_hexdigest(store_real + b"\0" + ws_real).encode()
+    base = runtime_dir or b"/tmp"
+    return base + b"/rewindfs-%d/" % uid + digest + b".sock"
+
+
+def control_socket_path(store_path, ws_path) -> bytes:
+    """The socket a daemon for (*store_path*, *ws_path*) listens on; both made real first."""
+    store_real = os.path.realpath(os.fsencode(os.path.abspath(os.fsencode(store_path))))
+    ws_real = os.path.realpath(os.fsencode(ws_path))
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    return socket_path_for(store_real, ws_real, os.getuid(), os.fsencode(runtime) if runtime else None)
+
+
+def find_socket(start=".", store=None) -> tuple[bytes, bytes] | None:
+    """``(socket, workspace_real)`` of the nearest served ancestor of *start*, or None.
+
+    *store* defaults to :func:`default_store_path`.  Walks from the real path of
+    *start* up to ``/``; the first ancestor whose socket exists wins.
+    """
+    store_path = os.fsencode(store) if store is not None else os.fsencode(default_store_path())
+    current = os.path.realpath(os.fsencode(start))
+    while True:
+        sock = control_socket_path(store_path, current)
+        if os.path.exists(sock):
+            return sock, current
+        parent = os.path.dirname(current)
+        if parent == current:
+            return None
+        current = parent

@@ -1,0 +1,284 @@
+"""Control-socket clients: blocking :class:`Client` and :class:`TrioClient`.
+
+Both speak protocol v1 (``plugin/_protocol.py``) over one Unix-socket connection,
+one call at a time (calls on one client are serialized; use a client per thread or
+task for parallel calls).  Every call either returns a typed result or raises
+:class:`RewindfsClientError` whose ``code`` is the daemon's error code or one of the
+client's own (``not-mounted``, ``daemon-unreachable``, ``connection-lost``,
+``timeout``, ``bad-response``).  Progress events of long calls (rewind, redo) go to
+the optional ``on_event`` callback, in order, before the call returns.
+
+A timeout leaves the connection in an unknown state, so the client drops it and
+reconnects on the next call.  The clients never retry a call by themselves: a
+rewind is not idempotent from the caller's point of view.
+
+Find a daemon with :meth:`Client.for_directory` (walks up from a directory inside
+the workspace; see ``plugin/_paths.py``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket as _socket
+import threading
+import time
+
+from . import _results as R
+from ._errors import (BadResponse, ConnectionLost, DaemonUnreachable, NotMounted,
+                      RewindfsClientError, Timeout)
+from ._paths import find_socket
+from ._protocol import Conversation
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Client", "TrioClient", "RewindfsClientError"]
+
+DEFAULT_TIMEOUT = 60.0
+
+
+# One table of calls shared by both clients: name → (method, result converter).
+def _rewind_params(to, paths, dry_run, session, undo_for, force):
+    return {"to": to, "paths": list(paths) if paths is not None else None,
+            "dry_run": dry_run or None, "session": session, "undo_for": undo_for,
+            "force": force or None}
+
+
+def _locate(directory, store) -> bytes:
+    found = find_socket(directory, store)
+    if found is None:
+        raise NotMounted(os.fsdecode(os.path.abspath(directory)))
+    return found[0]
+
+
+class _Calls:
+    """Typed calls over ``self.call`` (sync) — TrioClient mirrors them as coroutines."""
+
+    def turn_begin(self, session: str, turn: int, label: str = "") -> int:
+        """Mark the start of *turn* of *session*; returns the new epoch id."""
+        return int(self.call("turn.begin", {"session": session, "turn": turn, "label": label})["epoch"])
+
+    def turn_end(self, session: str | None = None) -> int:
+        """End the open turn; returns the idle epoch that follows it."""
+        return int(self.call("turn.end", {"session": session})["epoch"])
+
+    def status(self) -> R.Status:
+        return R.from_wire(R.Status, self.call("status"))
+
+    def points(self, session: str | None = None) -> list[R.Point]:
+        return R.points(self.call("points", {"session": session}))
+
+    def rewind(self, to, *, paths=None, dry_run=False, session=None, undo_for=None,
+               force=False, on_event=None) -> R.RewindResult:
+        params = _rewind_params(to, paths, dry_run, session, undo_for, force)
+        return R.RewindResult.parse(self.call("rewind", params, on_event=on_event))
+
+    def redo(self, session=None, *, force=False, on_event=None) -> R.RewindResult:
+        params = {"session": session, "force": force or None}
+        return R.RewindResult.parse(self.call("redo", params, on_event=on_event))
+
+    def diff(self, a, b, paths=None) -> list[R.Change]:
+        return R.changes(self.call("diff", {"a": a, "b": b, "paths": paths}))
+
+    def show(self, point, path: str) -> bytes:
+        return R.content(self.call("show", {"point": point, "path": path}))
+
+    def fork(self, child: str, parent: str, boundary_turn: int) -> None:
+        self.call("fork", {"child": child, "parent": parent, "boundary_turn": boundary_turn})
+
+    def gc(self, **policy) -> dict:
+        return self.call("gc", policy)
+
+    def unmount(self) -> None:
+        self.call("unmount")
+
+
+class Client(_Calls):
+    """Blocking client.  Thread-safe (calls are serialized by a lock)."""
+
+    def __init__(self, socket_path, *, timeout: float | None = DEFAULT_TIMEOUT):
+        self.socket_path = os.fsencode(socket_path)
+        self.timeout = timeout
+        self._sock: _socket.socket | None = None
+        self._conv: Conversation | None = None
+        self._lock = threading.Lock()
+
+    @classmethod
+    def for_directory(cls, directory=".", *, store=None, timeout=DEFAULT_TIMEOUT) -> "Client":
+        """A client for the daemon serving *directory* (raises NotMounted if none)."""
+        return cls(_locate(directory, store), timeout=timeout)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def close(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+
+    def _connect(self):
+        sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        try:
+            sock.connect(self.socket_path)
+        except OSError as exc:
+            sock.close()
+            raise DaemonUnreachable(os.fsdecode(self.socket_path), exc.strerror or str(exc)) from None
+        self._sock, self._conv = sock, Conversation()
+        log.debug("connected to %s", os.fsdecode(self.socket_path))
+
+    def call(self, method: str, params: dict | None = None, *, on_event=None) -> dict:
+        """Send one request; return its result dict or raise RewindfsClientError."""
+        with self._lock:
+            if self._sock is None:
+                self._connect()
+            try:
+                return self._exchange(method, params, on_event)
+            except (Timeout, ConnectionLost, BadResponse, OSError) as exc:
+                self.close()  # state unknown: the next call reconnects
+                if isinstance(exc, OSError):
+                    raise ConnectionLost() from exc
+                raise
+
+    def _exchange(self, method, params, on_event) -> dict:
+        rid, line = self._conv.request(method, params)
+        deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        try:
+            self._sock.sendall(line)
+        except _socket.timeout:
+            raise Timeout(method, self.timeout) from None
+        while True:
+            reply = self._conv.next_reply(rid)
+            if reply is None:
+                self._recv_into_conv(method, deadline)
+                continue
+            if reply.final:
+                return Conversation.raise_for(reply)
+            if on_event is not None:
+                on_event(reply.event)
+
+    def _recv_into_conv(self, method, deadline):
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise Timeout(method, self.timeout)
+            self._sock.settimeout(left)
+        try:
+            data = self._sock.recv(65536)
+        except _socket.timeout:
+            raise Timeout(method, self.timeout) from None
+        if not data:
+            raise ConnectionLost()
+        self._conv.feed(data)
+
+
+class TrioClient:
+    """trio client; the same calls as :class:`Client`, as coroutines.
+
+    Use ``async with await TrioClient.open(path) as c:`` or
+    ``TrioClient.for_directory(...)``; calls on one client are serialized by a lock.
+    """
+
+    def __init__(self, socket_path, *, timeout: float | None = DEFAULT_TIMEOUT):
+        import trio
+
+        self._trio = trio
+        self.socket_path = os.fsencode(socket_path)
+        self.timeout = timeout
+        self._stream = None
+        self._conv: Conversation | None = None
+        self._lock = trio.Lock()
+
+    @classmethod
+    def for_directory(cls, directory=".", *, store=None, timeout=DEFAULT_TIMEOUT) -> "TrioClient":
+        return cls(_locate(directory, store), timeout=timeout)
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc):
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        if self._stream is not None:
+            stream, self._stream = self._stream, None
+            await stream.aclose()
+
+    async def call(self, method: str, params: dict | None = None, *, on_event=None) -> dict:
+        trio = self._trio
+        async with self._lock:
+            if self._stream is None:
+                try:
+                    self._stream = await trio.open_unix_socket(self.socket_path)
+                except OSError as exc:
+                    raise DaemonUnreachable(os.fsdecode(self.socket_path),
+                                            exc.strerror or str(exc)) from None
+                self._conv = Conversation()
+            try:
+                with trio.fail_after(self.timeout if self.timeout is not None else float("inf")):
+                    return await self._exchange(method, params, on_event)
+            except trio.TooSlowError:
+                await self.aclose()
+                raise Timeout(method, self.timeout) from None
+            except (ConnectionLost, BadResponse, trio.BrokenResourceError, OSError) as exc:
+                await self.aclose()
+                if isinstance(exc, (ConnectionLost, BadResponse)):
+                    raise
+                raise ConnectionLost() from exc
+
+    async def _exchange(self, method, params, on_event) -> dict:
+        rid, line = self._conv.request(method, params)
+        await self._stream.send_all(line)
+        while True:
+            reply = self._conv.next_reply(rid)
+            if reply is None:
+                data = await self._stream.receive_some(65536)
+                if not data:
+                    raise ConnectionLost()
+                self._conv.feed(data)
+                continue
+            if reply.final:
+                return Conversation.raise_for(reply)
+            if on_event is not None:
+                on_event(reply.event)
+
+    # typed calls: the same table as _Calls, awaited
+    async def turn_begin(self, session: str, turn: int, label: str = "") -> int:
+        return int((await self.call("turn.begin", {"session": session, "turn": turn,
+                                                   "label": label}))["epoch"])
+
+    async def turn_end(self, session: str | None = None) -> int:
+        return int((await self.call("turn.end", {"session": session}))["epoch"])
+
+    async def status(self) -> R.Status:
+        return R.from_wire(R.Status, await self.call("status"))
+
+    async def points(self, session: str | None = None) -> list[R.Point]:
+        return R.points(await self.call("points", {"session": session}))
+
+    async def rewind(self, to, *, paths=None, dry_run=False, session=None, undo_for=None,
+                     force=False, on_event=None) -> R.RewindResult:
+        params = _rewind_params(to, paths, dry_run, session, undo_for, force)
+        return R.RewindResult.parse(await self.call("rewind", params, on_event=on_event))
+
+    async def redo(self, session=None, *, force=False, on_event=None) -> R.RewindResult:
+        params = {"session": session, "force": force or None}
+        return R.RewindResult.parse(await self.call("redo", params, on_event=on_event))
+
+    async def diff(self, a, b, paths=None) -> list[R.Change]:
+        return R.changes(await self.call("diff", {"a": a, "b": b, "paths": paths}))
+
+    async def show(self, point, path: str) -> bytes:
+        return R.content(await self.call("show", {"point": point, "path": path}))
+
+    async def fork(self, child: str, parent: str, boundary_turn: int) -> None:
+        await self.call("fork", {"child": child, "parent": parent, "boundary_turn": boundary_turn})
+
+    async def gc(self, **policy) -> dict:
+        return await self.call("gc", policy)
+
+    async def unmount(self) -> None:
+        await self.call("unmount")

@@ -1,0 +1,102 @@
+/**
+ * `/rewind` and `/redo`: parsing the typed input and rendering the replies.
+ *
+ *   /rewind                              list this session's points
+ *   /rewind <turn> [--into <session>]    fork the conversation before <turn>, rewind the files
+ *   /rewind status                       daemon, workspace, open turn, unprotected writes
+ *   /redo                                undo the newest rewind that landed in this session
+ *
+ * No model turn is involved; every reply starts with "rewindfs:" and a refusal
+ * states its reason (docs/dsh.md lists the texts).
+ * @module rewindfs-dsh/commands
+ */
+import { parseTurn } from './service.js';
+
+export const USAGE = 'usage: /rewind [<turn> [--into <session>] | status]';
+
+/**
+ * Parse `/rewind`'s raw input.
+ * @param {string} raw - everything after "/rewind".
+ * @returns {{op: 'list'} | {op: 'status'} | {op: 'rewind', turn: number, into?: string} | {refusal: {code: string, message: string}}}
+ */
+export function parseRewind(raw) {
+  const words = raw.trim().split(/\s+/).filter((w) => w !== '');
+  if (words.length === 0) return { op: 'list' };
+  if (words[0] === 'status') {
+    return words.length === 1 ? { op: 'status' } : { refusal: { code: 'usage', message: `"/rewind status" takes no arguments; ${USAGE}` } };
+  }
+  const parsed = parseTurn(words[0]);
+  if (parsed.refusal) return parsed;
+  const rest = words.slice(1);
+  if (rest.length === 0) return { op: 'rewind', turn: parsed.turn };
+  if (rest[0] === '--into' && rest.length === 2) return { op: 'rewind', turn: parsed.turn, into: rest[1] };
+  return { refusal: { code: 'usage', message: `unexpected "${rest.join(' ')}"; ${USAGE}` } };
+}
+
+const pad = (n) => String(n).padStart(2, '0');
+
+/** Local wall-clock time of a point, "YYYY-MM-DD HH:MM:SS". */
+export function formatTime(ns) {
+  const d = new Date(Number(BigInt(Math.trunc(Number(ns ?? 0))) / 1_000_000n));
+  return `${d.getFullYear()}-${pad(d.getMonth() + 1)}-${pad(d.getDate())} ${pad(d.getHours())}:${pad(d.getMinutes())}:${pad(d.getSeconds())}`;
+}
+
+const plural = (n, word) => `${n} ${word}${n === 1 ? '' : 's'}`;
+
+/** The reply to `/rewind` (list). */
+export function renderPoints({ session, points }) {
+  if (points.length === 0) return `rewindfs: no points yet for session ${session} (a point is taken at the start of every protected turn)`;
+  const lines = [`rewindfs: points of session ${session} (rewind with /rewind <turn>):`];
+  for (const p of points) {
+    const inherited = p.session && p.session !== session ? `  (from ${p.session})` : '';
+    lines.push(`  turn ${p.turn}  ${formatTime(p.started_ns)}  ${plural(p.paths ?? 0, 'file')} changed  ${p.label ?? ''}${inherited}`.trimEnd());
+  }
+  return lines.join('\n');
+}
+
+/** The reply to `/rewind <turn>`. */
+export function renderRewind(v) {
+  const lines = [
+    `rewindfs: rewound the files to the start of turn ${v.turn} (point ${v.target}): ${counts(v)}.`,
+    `rewindfs: conversation forked before turn ${v.turn}: continue in session ${v.child} (session ${v.parent} is unchanged).`,
+    `rewindfs: /redo in session ${v.child} undoes this rewind.`,
+  ];
+  return lines.concat(renderFailures(v)).join('\n');
+}
+
+/** The reply to `/redo`. */
+export function renderRedo(v) {
+  return [`rewindfs: redo done in session ${v.session}: ${counts(v)} (point ${v.target}).`]
+    .concat(renderFailures(v)).join('\n');
+}
+
+/** "3 paths restored (1 re-created, 2 rewritten), 4 deleted" from a rewind result. */
+function counts(v) {
+  const created = v.created ?? 0;
+  const written = v.written ?? 0;
+  return `${plural(created + written, 'path')} restored (${created} re-created, ${written} rewritten), ${v.deleted ?? 0} deleted`;
+}
+
+function renderFailures(v) {
+  const lines = [];
+  for (const f of v.failed ?? []) lines.push(`rewindfs: NOT restored: ${f.path}: ${f.message ?? f.code}`);
+  if ((v.failed ?? []).length > 0) lines.push(`rewindfs: partial: ${plural(v.failed.length, 'path')} could not be restored (the rest landed)`);
+  return lines;
+}
+
+/** The reply to `/rewind status`. */
+export function renderStatus(v) {
+  const open = v.open_turn ? `turn ${v.open_turn.turn ?? '?'} of session ${v.open_turn.session ?? '?'} is open` : 'no turn open';
+  const lines = [
+    `rewindfs: protecting ${v.workspace} (daemon pid ${v.pid ?? '?'}, store ${v.store ?? '?'})`,
+    `rewindfs: epoch ${v.epoch ?? '?'}; ${open}; socket ${v.socket}`,
+  ];
+  if ((v.unprotected ?? []).length > 0) lines.push(`rewindfs: turns that ran unprotected in this session: ${v.unprotected.join(', ')}`);
+  if ((v.outside ?? []).length > 0) lines.push(`rewindfs: writes outside the workspace (not protected): ${v.outside.join(', ')}`);
+  return lines.join('\n');
+}
+
+/** A refusal as command text. */
+export function renderRefusal(refusal, verb) {
+  return `rewindfs: ${verb} refused (${refusal.code}): ${refusal.message}`;
+}

@@ -1,0 +1,297 @@
+/**
+ * The rewindfs service (`ctx.rewindfs`): every operation the commands and other
+ * plugins use, each returning `{ok: true, value}` or `{ok: false, refusal: {code, message}}`
+ * and never throwing for an expected refusal.
+ *
+ * Ordering: socket calls for one session run one after another on a per-session
+ * queue, so a `turn.end` sent from the `turn/end` event always reaches the daemon
+ * before the next `turn.begin` or a rewind of that session.  A session's flush
+ * waits for its queue (`drainSession`) and plugin teardown for all of them
+ * (`drain`), so a one-shot run does not exit with a turn left open.
+ *
+ * Errors: socket failures arrive as RewindfsCallError (`code` = the daemon's code
+ * or `not-mounted`, `daemon-unreachable`, `timeout`, ...) and leave here as refusals.
+ * @module rewindfs-dsh/service
+ */
+import { randomUUID } from 'node:crypto';
+import { call, RewindfsCallError } from './client.js';
+import { forkCut, turnsOf } from './fork.js';
+import { defaultStorePath, findSocket, isInside, realpathLoose } from './paths.js';
+
+// REWINDFS_DSH_DEBUG=1 traces every socket call on stderr (for bug reports).
+const debug = process.env.REWINDFS_DSH_DEBUG ? (text) => process.stderr.write(`rewindfs-dsh: ${text}\n`) : () => {};
+const refuse = (code, message) => ({ ok: false, refusal: { code, message } });
+const ok = (value) => ({ ok: true, value });
+const SESSION_ID = /^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$/;
+const RELATIVE = /^(?:[-+~^].*|head.*|prev(?:ious)?|last|latest|back)$/i;
+
+/**
+ * Parse the turn argument of `/rewind <turn>`: an absolute turn number.
+ * @param {string} text - the argument as typed.
+ * @returns {{turn: number} | {refusal: {code: string, message: string}}} parsed turn.
+ */
+export function parseTurn(text) {
+  if (/^[0-9]+$/.test(text) && Number(text) >= 1 && Number.isSafeInteger(Number(text))) return { turn: Number(text) };
+  if (RELATIVE.test(text)) {
+    return { refusal: { code: 'relative-point', message: `"${text}" is a relative point; name an absolute turn number (see /rewind)` } };
+  }
+  return { refusal: { code: 'bad-turn', message: `"${text}" is not a turn number (turns count from 1; see /rewind)` } };
+}
+
+export class RewindfsService {
+  /**
+   * @param {object} ctx - the plugin's Cordis context.
+   * @param {object} config - validated config (lib/config.js).
+   * @param {{warn: (text: string) => void}} notify - where user-facing notices go.
+   */
+  constructor(ctx, config, notify) {
+    this.ctx = ctx;
+    this.config = config;
+    this.notify = notify;
+    this.queues = new Map();     // session id -> tail promise
+    this.sessions = new Map();   // session id -> {begun: Map<turn, state>, ended, open, warned, unprotected}
+    this.outside = new Set();    // tool writes outside the workspace (not protected)
+  }
+
+  /** The daemon serving `cwd`: {socket, workspace} or undefined. */
+  locate(cwd) {
+    if (this.config.socket) return { socket: this.config.socket, workspace: realpathLoose(cwd) };
+    return findSocket(cwd, this.config.store ?? defaultStorePath());
+  }
+
+  cwdOf(agent) {
+    return agent?.session?.header?.cwd ?? process.cwd();
+  }
+
+  state(id) {
+    let s = this.sessions.get(id);
+    if (s === undefined) this.sessions.set(id, s = { begun: new Map(), ended: new Set(), warned: false, open: undefined, unprotected: [] });
+    return s;
+  }
+
+  /** Run `job` after every earlier job of session `id`; a failure does not stop the queue. */
+  enqueue(id, job) {
+    const run = (this.queues.get(id) ?? Promise.resolve()).then(job, job);
+    const tail = run.catch(() => {});
+    this.queues.set(id, tail);
+    tail.then(() => { if (this.queues.get(id) === tail) this.queues.delete(id); });
+    return run;
+  }
+
+  /** Wait until every queued socket call has settled (plugin teardown). */
+  async drain() {
+    while (this.queues.size > 0) await Promise.allSettled([...this.queues.values()]);
+  }
+
+  /**
+   * Wait until session `id`'s queued calls have settled (its flush checkpoint: a
+   * one-shot run must not exit before the turn.end of its last turn).  Only that
+   * session's queue: a job of another session may itself flush (the fork flushes
+   * the child from inside the parent's queue), and waiting for it would deadlock.
+   */
+  async drainSession(id) {
+    while (this.queues.has(id)) await this.queues.get(id);
+  }
+
+  async rpc(cwd, method, params, options = {}) {
+    const where = this.locate(cwd);
+    if (where === undefined) {
+      throw new RewindfsCallError('not-mounted', `${cwd} is not inside a workspace served by rewindfs (run: rewindfs mount <dir>)`);
+    }
+    const timeoutMs = options.timeoutMs ?? this.config.callTimeoutMs;
+    debug(`-> ${method} ${JSON.stringify(params)} (${where.socket})`);
+    try {
+      const result = await call(where.socket, method, params, { ...options, timeoutMs });
+      debug(`<- ${method} ${JSON.stringify(result).slice(0, 500)}`);
+      return { where, result };
+    } catch (error) {
+      debug(`<- ${method} failed: ${error.code} ${error.message}`);
+      throw error;
+    }
+  }
+
+  // ---- turns (hooks) --------------------------------------------------------
+
+  /**
+   * Mark turn `turn` of `agent`'s session once; never throws.  Waits at most
+   * turnTimeoutMs (queue included); past that the turn runs unprotected and the
+   * user is told once per session.  A begin that lands late still gets its end:
+   * the `turn/end` event may arrive first, and then the end is sent on landing.
+   */
+  async beginTurn(agent, turn, label) {
+    const s = this.state(agent.id);
+    if (s.begun.has(turn)) return;
+    s.begun.set(turn, 'pending');
+    const cwd = this.cwdOf(agent);
+    const limit = this.config.turnTimeoutMs;
+    // The call itself may take longer than the hook waits: a daemon that applies the
+    // begin after we stopped listening must still see the matching end.
+    const params = { session: agent.id, turn, label };
+    const begin = this.enqueue(agent.id, () => this.rpc(cwd, 'turn.begin', params, { timeoutMs: Math.max(limit, 30_000) }));
+    begin.then(() => {
+      s.begun.set(turn, 'open');
+      s.open = turn;
+      if (s.ended.has(turn)) this.endTurn(agent.id, turn);
+    }, () => s.begun.set(turn, 'failed'));
+    try {
+      await withTimeout(begin, limit, `no reply to turn.begin within ${limit} ms`);
+      s.warned = false;
+    } catch (error) {
+      s.unprotected.push(turn);
+      if (!s.warned) {
+        s.warned = true;
+        this.notify.warn(`rewindfs: turn ${turn} of session ${agent.id} is NOT protected (files it changes cannot be rewound): ${error.message}`);
+      }
+    }
+  }
+
+  /** The turn/end event: close the daemon's open turn (queued; never throws). */
+  endTurn(sessionId, turn) {
+    const s = this.sessions.get(sessionId);
+    if (s === undefined) return;
+    s.ended.add(turn);
+    if (s.open !== turn) return; // not begun, failed, or still pending (sent on landing)
+    s.open = undefined;
+    const cwd = this.cwdOfSession(sessionId);
+    const job = () => this.rpc(cwd, 'turn.end', { session: sessionId }, { timeoutMs: Math.max(this.config.turnTimeoutMs, 10_000) });
+    this.enqueue(sessionId, job).catch((error) => {
+      this.notify.warn(`rewindfs: could not end turn ${turn} of session ${sessionId}: ${error.message}`);
+    });
+  }
+
+  cwdOfSession(id) {
+    return this.ctx.get('sessions')?.get(id)?.header?.cwd ?? process.cwd();
+  }
+
+  /** A tool is about to write `target`; remember it if it lies outside the workspace. */
+  noteWrite(target) {
+    const path = target?.displayPath;
+    if (typeof path !== 'string' || !path.startsWith('/')) return;
+    const where = this.locate(process.cwd());
+    if (where !== undefined && !isInside(path, where.workspace)) this.outside.add(path);
+  }
+
+  // ---- operations (commands and other plugins) -------------------------------
+
+  async status(agent) {
+    const cwd = this.cwdOf(agent);
+    try {
+      const { where, result } = await this.enqueue(agent?.id ?? '', () => this.rpc(cwd, 'status', {}));
+      return ok({ ...result, socket: result.socket ?? where.socket, workspace: result.workspace ?? where.workspace, outside: [...this.outside], unprotected: agent ? this.state(agent.id).unprotected : [] });
+    } catch (error) {
+      return refuse(error.code ?? 'error', error.message);
+    }
+  }
+
+  async points(agent) {
+    try {
+      const { result } = await this.enqueue(agent.id, () => this.rpc(this.cwdOf(agent), 'points', { session: agent.id }));
+      const points = (result.points ?? []).filter((p) => p.kind === 'turn');
+      return ok({ session: agent.id, points });
+    } catch (error) {
+      return refuse(error.code ?? 'error', error.message);
+    }
+  }
+
+  /**
+   * Rewind the workspace to the start of `turn` of `agent`'s session: fork the
+   * conversation at that turn's boundary into a child session first, tell the
+   * store the child's parent, then rewind the files with `undo_for` = the child
+   * (so `/redo` in the child undoes it).  Refused while the agent runs.
+   * @param {object} agent - the live agent the command was typed in.
+   * @param {number} turn - absolute turn number.
+   * @param {{into?: string}} options - the child's session id (default: a fresh one).
+   */
+  async rewind(agent, turn, options = {}) {
+    if (agent.status === 'running') return refuse('busy', 'the agent is running; wait for the turn to finish (or cancel it), then rewind');
+    if (!Number.isSafeInteger(turn) || turn < 1) return refuse('bad-turn', `${JSON.stringify(turn)} is not a turn number (turns count from 1)`);
+    const into = options.into;
+    if (into !== undefined && !SESSION_ID.test(into)) return refuse('bad-session', `"${into}" is not a usable session id (letters, digits, ".", "_", "-")`);
+    if (into !== undefined && await this.sessionExists(into)) {
+      return refuse('session-exists', `session ${into} already exists; pick another name for --into`);
+    }
+    return this.enqueue(agent.id, () => this.rewindNow(agent, turn, into ?? `session-${randomUUID()}`));
+  }
+
+  async rewindNow(agent, turn, childId) {
+    const cwd = this.cwdOf(agent);
+    const events = agent.session.events;
+    const cut = forkCut(events, turn);
+    if (cut.missing) return refuse('unknown-point', `session ${agent.id} has no turn ${turn} (turns: ${cut.turns.join(', ') || 'none yet'})`);
+    let epoch;
+    try {
+      const { result } = await this.rpc(cwd, 'points', { session: agent.id });
+      epoch = pickPoint(result.points ?? [], agent.id, turn)?.epoch;
+      if (epoch === undefined) return refuse('unknown-point', `rewindfs has no point for turn ${turn} of session ${agent.id} (that turn ran unprotected, or before the workspace was mounted)`);
+      // A dry run first: a refusal (turn open, bad point) must come before the fork.
+      // "e<id>" names the epoch: a bare number with a session means a turn number.
+      await this.rpc(cwd, 'rewind', { to: `e${epoch}`, session: agent.id, dry_run: true });
+    } catch (error) {
+      return refuse(error.code ?? 'error', error.message);
+    }
+    let handle;
+    try {
+      debug(`forking ${agent.id} into ${childId} at event ${cut.cut}`);
+      handle = await this.ctx.agents.create({
+        sessionId: childId,
+        seed: events.slice(0, cut.cut),
+        meta: {
+          ...(agent.session.header?.cwd === undefined ? {} : { cwd: agent.session.header.cwd }),
+          parentSession: agent.id,
+          seedLength: cut.cut,
+          ...(agent.session.header?.agentPreset === undefined ? {} : { agentPreset: agent.session.header.agentPreset }),
+        },
+        agentOptions: agent.options,
+      });
+    } catch (error) {
+      return refuse('fork-failed', `could not fork session ${agent.id} at turn ${turn}: ${error.message}`);
+    }
+    try {
+      await this.rpc(cwd, 'fork', { child: childId, parent: agent.id, boundary_turn: turn });
+      const { result } = await this.rpc(cwd, 'rewind', { to: `e${epoch}`, session: agent.id, undo_for: childId });
+      await this.ctx.get('sessions')?.flush(handle.agent.session);
+      return ok({ ...result, turn, target: result.target ?? epoch, parent: agent.id, child: childId, seedLength: cut.cut });
+    } catch (error) {
+      await handle.dispose().catch(() => {});
+      return refuse(error.code ?? 'error', `${error.message} (the files were not rewound; the forked session ${childId} was discarded)`);
+    }
+  }
+
+  /** Whether a session with this id is live or persisted (a fork must not overwrite it). */
+  async sessionExists(id) {
+    if (this.ctx.get('sessions')?.get(id) !== undefined || this.ctx.get('agents')?.get(id) !== undefined) return true;
+    const stored = await this.ctx.get('sessionPersistence')?.list().catch(() => []) ?? [];
+    return stored.some((header) => header.id === id);
+  }
+
+  /** Undo the newest rewind that landed in `agent`'s session. Refused while it runs. */
+  async redo(agent) {
+    if (agent.status === 'running') return refuse('busy', 'the agent is running; wait for the turn to finish (or cancel it), then redo');
+    try {
+      const { result } = await this.enqueue(agent.id, () => this.rpc(this.cwdOf(agent), 'redo', { session: agent.id }));
+      return ok({ ...result, session: agent.id });
+    } catch (error) {
+      return refuse(error.code ?? 'error', error.message);
+    }
+  }
+
+  /** Turns of the session log (for messages). */
+  turns(agent) {
+    return turnsOf(agent.session.events);
+  }
+}
+
+/** `promise`, or a RewindfsCallError('timeout') after `ms` (the work itself goes on). */
+function withTimeout(promise, ms, message) {
+  let timer;
+  const timeout = new Promise((_, reject) => {
+    timer = setTimeout(() => reject(new RewindfsCallError('timeout', message)), ms);
+  });
+  return Promise.race([promise, timeout]).finally(() => clearTimeout(timer));
+}
+
+/** The turn point for `turn`: the session's own first, else an inherited one. */
+function pickPoint(points, session, turn) {
+  const matching = points.filter((p) => p.kind === 'turn' && p.turn === turn);
+  return matching.find((p) => p.session === session) ?? matching[0];
+}

@@ -1,0 +1,105 @@
+// The service's turn bookkeeping against a scripted socket (no harness): ordering of
+// turn.begin/turn.end, a begin that lands after its timeout, the once-only notice,
+// and refusals that need no daemon.
+import assert from 'node:assert/strict';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { createServer } from 'node:net';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { test } from 'node:test';
+import { DEFAULTS } from '../lib/config.js';
+import { RewindfsService } from '../lib/service.js';
+
+async function scripted(handle, body) {
+  const dir = mkdtempSync(join(tmpdir(), 'rwsvc-'));
+  const path = join(dir, 'd.sock');
+  const calls = [];
+  const server = createServer((conn) => {
+    let buf = '';
+    conn.setEncoding('utf8');
+    conn.on('data', async (d) => {
+      buf += d;
+      const nl = buf.indexOf('\n');
+      if (nl < 0) return;
+      const req = JSON.parse(buf.slice(0, nl));
+      calls.push(`${req.method}${req.params.turn ? ` ${req.params.turn}` : ''}`);
+      const result = await handle(req);
+      if (!conn.destroyed) conn.write(`${JSON.stringify({ v: 1, id: req.id, ok: true, result })}\n`);
+    });
+    conn.on('error', () => {});
+  });
+  await new Promise((r) => server.listen(path, r));
+  try {
+    await body(path, calls);
+  } finally {
+    server.close();
+    rmSync(dir, { recursive: true, force: true });
+  }
+}
+
+function service(socket, overrides = {}) {
+  const notices = [];
+  const ctx = { get: () => undefined };
+  const svc = new RewindfsService(ctx, { ...DEFAULTS, socket, ...overrides }, { warn: (t) => notices.push(t) });
+  return { svc, notices };
+}
+
+const agent = (id, status = 'idle') => ({ id, status, session: { header: { cwd: '/' }, events: [] } });
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+
+test('begin once per turn, end after begin, drained on flush', async () => {
+  await scripted(async () => ({ epoch: 1 }), async (path, calls) => {
+    const { svc, notices } = service(path);
+    const a = agent('s1');
+    await svc.beginTurn(a, 1, 'x');
+    await svc.beginTurn(a, 1, 'x'); // a later step of the same turn
+    svc.endTurn('s1', 1);
+    svc.endTurn('s1', 1); // duplicate event: no second end
+    await svc.drainSession('s1');
+    assert.deepEqual(calls, ['turn.begin 1', 'turn.end']);
+    assert.deepEqual(notices, []);
+  });
+});
+
+test('a begin slower than turnTimeoutMs: unprotected notice once, end still sent when it lands', async () => {
+  let release;
+  const gate = new Promise((r) => { release = r; });
+  await scripted(async (req) => {
+    if (req.method === 'turn.begin' && req.params.turn === 1) await gate;
+    return { epoch: 1 };
+  }, async (path, calls) => {
+    const { svc, notices } = service(path, { turnTimeoutMs: 30 });
+    const a = agent('s2');
+    await svc.beginTurn(a, 1, 'slow'); // returns after ~30 ms; the call goes on
+    assert.equal(notices.length, 1);
+    assert.match(notices[0], /^rewindfs: turn 1 of session s2 is NOT protected \(files it changes cannot be rewound\): no reply to turn\.begin within 30 ms$/);
+    svc.endTurn('s2', 1); // the turn ended before the begin landed
+    release();
+    await sleep(20);
+    await svc.drainSession('s2');
+    assert.deepEqual(calls, ['turn.begin 1', 'turn.end']);
+  });
+});
+
+test('no daemon: every turn runs, the user is told once per session', async () => {
+  const { svc, notices } = service('/nonexistent-rewindfs/none.sock');
+  const a = agent('s3');
+  await svc.beginTurn(a, 1, 'a');
+  await svc.beginTurn(a, 2, 'b');
+  svc.endTurn('s3', 1);
+  await svc.drain();
+  assert.equal(notices.length, 1);
+  assert.match(notices[0], /turn 1 of session s3 is NOT protected .*daemon-unreachable|no rewindfs daemon answers/);
+  const status = await svc.status(a);
+  assert.equal(status.ok, false);
+  assert.equal(status.refusal.code, 'daemon-unreachable');
+});
+
+test('refusals before any socket call', async () => {
+  const { svc } = service('/nonexistent-rewindfs/none.sock');
+  assert.deepEqual((await svc.rewind(agent('s4', 'running'), 1)).refusal.code, 'busy');
+  assert.deepEqual((await svc.redo(agent('s4', 'running'))).refusal.code, 'busy');
+  assert.equal((await svc.rewind(agent('s4'), 1, { into: '../x' })).refusal.code, 'bad-session');
+  const missing = await svc.rewind(agent('s4'), 3);
+  assert.deepEqual(missing, { ok: false, refusal: { code: 'unknown-point', message: 'session s4 has no turn 3 (turns: none yet)' } });
+});
