@@ -35,7 +35,8 @@ class BadAmount(RewindfsError):
 def _when(ns) -> str:
     if not ns:
         return ""
-    return datetime.datetime.fromtimestamp(ns / 1e9).strftime("%Y-%m-%d %H:%M:%S")
+    # Month-day is enough to tell a session's turns apart and leaves the label room.
+    return datetime.datetime.fromtimestamp(ns / 1e9).strftime("%m-%d %H:%M:%S")
 
 
 def human_bytes(n: int) -> str:
@@ -72,7 +73,7 @@ def render_log(out, points: list[dict], *, mounted: bool) -> None:
     for col in ("epoch", "kind", "session", "turn", "label", "time", "files", "bytes"):
         table.add_column(col, justify="right" if col in ("epoch", "turn", "files", "bytes")
                          else "left", overflow="fold" if col == "label" else "ellipsis",
-                         no_wrap=col != "label")
+                         no_wrap=col != "label", min_width=18 if col == "label" else None)
     for p in points:
         label = p.get("label") or ""
         if p["kind"] == "rewind" and p.get("target") is not None:
@@ -125,11 +126,23 @@ class RewindView:
                      f"[bold]e{ev['target']}[/]: {ev.get('written', 0)} written, "
                      f"{ev.get('created', 0)} created, {ev.get('deleted', 0)} deleted, "
                      f"{ev.get('meta', 0)} metadata-only")
+        if not self.dry_run:   # named before the first change lands
+            self._foreign(ev.get("foreign") or [])
         if not self.dry_run and total and self.out.console.is_terminal:
             from rich.progress import Progress
             self.progress = Progress(console=self.out.console, transient=True)
             self.progress.start()
             self.task = self.progress.add_task("restoring", total=total)
+
+    def _foreign(self, foreign: list[dict]) -> None:
+        if not foreign:
+            return
+        self.out.say(f"[yellow]{len(foreign)} path(s) were changed since the point outside "
+                     f"this session's turns[/] (a person between turns, or another session):")
+        for f in foreign:
+            who = "idle (between turns)" if f["kind"] == "idle" else (
+                f"session {f['session']} turn {f['turn']}")
+            self.out.say(f"  {escape(f['path'])}  [dim]{who}, e{f['epoch']}[/]")
 
     def finish(self, result: dict) -> None:
         if self.progress is not None:
@@ -139,14 +152,8 @@ class RewindView:
             return
         if self.dry_run:
             self._plan_table(result.get("changes", []))
-        foreign = result.get("foreign") or []
-        if foreign:
-            self.out.say(f"[yellow]{len(foreign)} path(s) were last changed outside this "
-                         f"session's turns[/] (a person between turns, or another session):")
-            for f in foreign:
-                who = "idle (between turns)" if f["kind"] == "idle" else (
-                    f"session {f['session']} turn {f['turn']}")
-                self.out.say(f"  {escape(f['path'])}  [dim]{who}, e{f['epoch']}[/]")
+        if self.dry_run or not self.planned:
+            self._foreign(result.get("foreign") or [])
         if not self.dry_run:
             failed = result.get("failed") or []
             done = sum(result.get(k, 0) for k in ("written", "created", "deleted", "meta"))
