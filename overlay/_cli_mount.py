@@ -233,6 +233,7 @@ def _offline_status(args) -> dict:
         turn = store.open_turn(ws)
         return {"workspace": os.fsdecode(path), "store": str(store.path), "mounted": False,
                 "epoch": cur.id, "epoch_kind": cur.kind, "intent": bool(store.get_intent(ws)),
+                "usage": store.usage(ws),
                 "open_turn": None if turn is None else {
                     "epoch": turn.id, "session": turn.session, "turn": turn.turn,
                     "label": turn.label}}
@@ -240,13 +241,14 @@ def _offline_status(args) -> dict:
 
 def cmd_status(args, out) -> int:
     try:
-        res = call_daemon(args, "status")
+        res = call_daemon(args, "status", {"usage": True})
     except NotMounted:
         res = _offline_status(args)
     out.emit("status", **res)
     if not res["mounted"]:
         out.say(f"[bold]{res['workspace']}[/] is not mounted; epoch {res['epoch']} "
                 f"({res['epoch_kind']})")
+        _say_usage(out, res.get("usage"))
         if res.get("intent"):
             out.warn("an interrupted rewind is pending; it finishes at the next mount")
         return 0
@@ -257,12 +259,36 @@ def cmd_status(args, out) -> int:
         out.say(f"  epoch {res['epoch']} ({res['epoch_kind']}), {turn_s}")
         out.say(f"  store {res['store']}")
         out.say(f"  socket {res['socket']}")
+        _say_usage(out, res.get("usage"))
         if res.get("bypass_writes"):
             out.warn(f"processes {res['bypass_writes']['pids']} work in the bare directory "
                      f'under the mount; their writes are not captured (cd "$PWD")')
         if res.get("intent"):
             out.warn("an interrupted rewind is pending")
     return 0
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def _say_usage(out, usage) -> None:
+    """Store usage for people: the store's footprint, then this workspace by session."""
+    if not usage or out.json:
+        return
+    st = usage["store"]
+    out.say(f"  store usage {_size(st['disk_bytes'])} on disk ({st['blobs']} blobs, "
+            f"{st['blob_files']} of them in files)")
+    for w in usage["workspaces"]:
+        out.say(f"  this workspace: {w['epochs']} epochs, {w['turns']} turns, "
+                f"{w['paths']} pre-images, {_size(w['bytes'])} recorded")
+        for name, s in w["sessions"].items():
+            out.say(f"    {name}: {s['turns']} turns, {s['epochs']} epochs, "
+                    f"{s['paths']} pre-images, {_size(s['bytes'])}")
 
 
 def cmd_fsck(args, out) -> int:

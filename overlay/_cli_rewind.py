@@ -225,7 +225,7 @@ def _has_fd(stream) -> bool:
 
 
 def cmd_gc(args, out) -> int:
-    params = {"grace_s": args.grace}
+    params = {"grace_s": args.grace, "drop_redo": args.drop_redo}
     if args.keep_epochs is not None:
         params["keep_epochs"] = args.keep_epochs
     if args.max_age is not None:
@@ -304,6 +304,8 @@ def register(sub) -> None:
     p.add_argument("--keep-epochs", type=int, metavar="N", help="keep the newest N epochs")
     p.add_argument("--max-age", metavar="DUR", help="drop epochs older than DUR (30d, 12h)")
     p.add_argument("--max-bytes", metavar="SIZE", help="shrink history below SIZE (500M)")
+    p.add_argument("--drop-redo", action="store_true",
+                   help="let the policies drop history a pending redo needs")
     p.add_argument("--grace", type=float, default=3600.0, metavar="S", help=argparse.SUPPRESS)
     _where(p)
     p.set_defaults(command="gc", dir=None)

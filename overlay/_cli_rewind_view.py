@@ -10,7 +10,7 @@ import datetime
 import difflib
 import re
 
-from rich.markup import escape
+from rich.markup import escape as _markup_escape
 from rich.table import Table
 
 from store._errors import EXIT_USAGE, RewindfsError
@@ -30,6 +30,24 @@ class BadAmount(RewindfsError):
 
     code = "bad-amount"
     exit_code = EXIT_USAGE
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\udc80-\udcff]")
+
+
+def _visible(match) -> str:
+    ch = match.group()
+    code = ord(ch) - 0xDC00 if 0xDC80 <= ord(ch) <= 0xDCFF else ord(ch)
+    return {"\n": "\\n", "\t": "\\t", "\r": "\\r"}.get(ch, f"\\x{code:02x}")
+
+
+def escape(text: str, *, keep_tabs: bool = False) -> str:
+    """Text from the workspace (names, labels) for a terminal: control characters (a
+    file named with ``ESC[…`` must not drive the terminal, a newline must not forge a
+    line) and undecodable bytes shown as ``\\n``/``\\xNN``, rich markup escaped."""
+    if keep_tabs:
+        return "\t".join(_markup_escape(_CONTROL.sub(_visible, t)) for t in text.split("\t"))
+    return _markup_escape(_CONTROL.sub(_visible, text))
 
 
 def _when(ns) -> str:
@@ -189,7 +207,7 @@ def _is_text(data: bytes | None) -> bool:
 
 
 def _diff_lines(change: dict, a_name: str, b_name: str, a: bytes | None, b: bytes | None):
-    path = change["path"]
+    path = _CONTROL.sub(_visible, change["path"])   # a newline in a name forges no header
     if change["a_kind"] not in ("file", "absent") or change["b_kind"] not in ("file", "absent"):
         return None, f"{path}: {change['a_kind']} → {change['b_kind']}"
     if a == b:
@@ -225,7 +243,9 @@ def render_diff(out, res: dict, content) -> None:
             text = line if line.endswith("\n") else line + "\n\\ No newline at end of file\n"
             style = ("bold" if line.startswith(("---", "+++")) else "green" if line[0] == "+"
                      else "red" if line[0] == "-" else "cyan" if line.startswith("@@") else None)
-            out.console.print(escape(text), style=style, end="")
+            # file content: tabs and line ends kept, other control characters shown
+            shown = "\n".join(escape(part, keep_tabs=True) for part in text.split("\n"))
+            out.console.print(shown, style=style, end="")
     if not res["changes"] and not out.json:
         out.say("no differences")
 

@@ -27,7 +27,7 @@ import trio
 
 from store._errors import RewindfsError
 
-from . import _protocol, _sys
+from . import _fastloop, _protocol, _sys
 from ._fs import RewindOperations
 from ._paths import (AlreadyMounted, MountFailed, StaleMount, check_workspace,
                      control_socket_path, is_inside, resolve_store_path)
@@ -245,6 +245,8 @@ async def serve_control(ctx, listener: socket.socket) -> None:
 # -- main loop --------------------------------------------------------------------------
 
 async def _fuse_main(ctx) -> None:
+    if os.environ.get("REWINDFS_SLOWLOOP") is None:
+        _fastloop.install()
     try:
         # One reader task: handlers never await, so more tasks would only add overhead.
         await pyfuse3.main(min_tasks=1, max_tasks=1)
@@ -336,7 +338,14 @@ def _preload(real: bytes) -> None:
     sys.path_importer_cache.clear()
 
 
+def writeback_default() -> bool:
+    """The kernel's writeback cache is on unless ``REWINDFS_WRITEBACK=0`` (measured in
+    docs/benchmarks.md; why it keeps write-ahead and fail-closed: docs/concurrency.md)."""
+    return os.environ.get("REWINDFS_WRITEBACK", "1") != "0"
+
+
 def _serve(store, ws, root_fd, real, store_path, ready, writeback) -> int:
+    writeback = writeback or writeback_default()
     _recover_intent(root_fd, store, ws)
     _preload(real)
     sock_path = control_socket_path(store_path, real)

@@ -75,13 +75,36 @@ def _handler(fn):
     return wrapper
 
 
+class _At:
+    """``with _At(table, root_fd, path) as (dir_fd, name)``: the parent directory of
+    *path* — the table's cached fd (not closed), else a fresh ``open_parent`` walk
+    (closed on exit).  A plain class: cheaper per request than ``@contextmanager``."""
+
+    __slots__ = ("fd", "name", "owned")
+
+    def __init__(self, table, root_fd: int, path: bytes):
+        head, _, name = path.rpartition(b"/")
+        fd = table.dir_fd(head)
+        self.owned = fd is None
+        if fd is None:
+            fd, name = open_parent(root_fd, path)
+        self.fd, self.name = fd, name
+
+    def __enter__(self):
+        return self.fd, self.name
+
+    def __exit__(self, *exc):
+        if self.owned:
+            os.close(self.fd)
+
+
 class RewindOperations(pyfuse3.Operations):
     """pyfuse3 operations; ``store``/``ws`` receive the pre-images."""
 
     supports_dot_lookup = False
-    # Off by default: with the kernel's writeback cache a write(2) returns before the
-    # daemon sees it, so a failed capture could not fail the write itself (invariant 2)
-    # and dirty pages could cross a turn boundary.  Kept as an option for benchmarks.
+    # Set per mount (on by default, _daemon.writeback_default()).  With the writeback
+    # cache a write(2) returns before the daemon sees it, so files opened for writing
+    # are captured at open() and turn marks flush dirty pages first: docs/concurrency.md.
     enable_writeback_cache = False
 
     def __init__(self, root_fd: int, store, ws: int, *, writeback: bool = False,
@@ -154,22 +177,17 @@ class RewindOperations(pyfuse3.Operations):
 
     # -- resolution ----------------------------------------------------------------
 
-    @contextlib.contextmanager
-    def _parent(self, path: bytes):
-        head, name = split(path)
-        fd = self.table.dir_fd(head)
-        if fd is not None:
-            yield fd, name
-            return
-        fd, name = open_parent(self.root_fd, path)
-        try:
-            yield fd, name
-        finally:
-            os.close(fd)
+    def _parent(self, path: bytes) -> "_At":
+        """Context manager yielding ``(dir_fd, name)`` for *path* (cached dir fd if known)."""
+        return _At(self.table, self.root_fd, path)
 
     def _lstat(self, path: bytes) -> os.stat_result:
         if path == b"":
             return os.fstat(self.root_fd)
+        head, _, name = path.rpartition(b"/")
+        fd = self.table.dir_fd(head)
+        if fd is not None:  # the common case, without a context manager
+            return os.stat(name, dir_fd=fd, follow_symlinks=False)
         with self._parent(path) as (fd, name):
             return os.stat(name, dir_fd=fd, follow_symlinks=False)
 
@@ -180,6 +198,7 @@ class RewindOperations(pyfuse3.Operations):
         return path
 
     def _attr(self, node, st) -> pyfuse3.EntryAttributes:
+        node.st = st
         e = pyfuse3.EntryAttributes()
         e.st_ino = node.ino
         e.generation = 0
@@ -265,6 +284,12 @@ class RewindOperations(pyfuse3.Operations):
         if not node.paths:
             fd = fh if fh in self.handles else next(iter(node.handles), None)
             if fd is None:
+                if node.st is not None and not (fields.update_size or fields.update_mode
+                                                or fields.update_uid or fields.update_gid):
+                    # The writeback cache pushing the times of a file unlinked since:
+                    # nothing is left to change.  ENOENT here would become a writeback
+                    # error that a later fsync/syncfs reports to an innocent caller.
+                    return self._attr(node, node.st)
                 raise FUSEError(errno.ENOENT)
             return self._setattr_fd(node, attr, fields, fd)
         with self._parent(node.path) as (fd, name):
@@ -467,7 +492,11 @@ class RewindOperations(pyfuse3.Operations):
     def open(self, inode, flags, ctx):
         node = self.table[inode]
         path = self._path(node)
-        if flags & os.O_TRUNC:
+        if flags & os.O_TRUNC or (self.enable_writeback_cache
+                                  and flags & os.O_ACCMODE != os.O_RDONLY):
+            # With the writeback cache a write(2) returns before we see it, so the
+            # pre-image is taken here, where a failure can still refuse the open
+            # (fail closed, invariant 2); see docs/concurrency.md.
             self._guard_node(node)
         with self._parent(path) as (fd, name):
             rfd = os.open(name, self._real_flags(flags), dir_fd=fd)
@@ -505,9 +534,11 @@ class RewindOperations(pyfuse3.Operations):
             done += os.pwrite(fh, view[done:], off + done)
         return done
 
-    @_handler
-    def flush(self, fh):
-        return None
+    async def flush(self, fh):
+        """Nothing to do on close(2): ENOSYS makes the kernel stop sending FLUSH at all
+        (one round trip less per close; with the writeback cache the kernel still
+        writes dirty pages back before close returns, see fuse_flush)."""
+        raise FUSEError(errno.ENOSYS)
 
     @_handler
     def fsync(self, fh, datasync):
@@ -586,13 +617,22 @@ class RewindOperations(pyfuse3.Operations):
 
     @_handler
     def getxattr(self, inode, name, ctx):
-        with self._xpath(self.table[inode]) as (p, kw):
-            try:
+        # The kernel asks for security.capability before every write(2) (file_remove_privs;
+        # FUSE has no SB_NOSEC without handle_killpriv_v2, which pyfuse3 cannot request),
+        # so this is a hot path: no context manager when the parent fd is cached.
+        path = self._path(self.table[inode])
+        head, _, base = path.rpartition(b"/")
+        fd = self.table.dir_fd(head) if path else None
+        try:
+            if fd is not None:
+                return os.getxattr(b"/proc/self/fd/%d/%s" % (fd, base), name,
+                                   follow_symlinks=False)
+            with self._xpath(self.table[inode]) as (p, kw):
                 return os.getxattr(p, name, **kw)
-            except OSError as exc:
-                if exc.errno == errno.ENODATA:
-                    raise FUSEError(pyfuse3.ENOATTR) from None
-                raise
+        except OSError as exc:
+            if exc.errno == errno.ENODATA:
+                raise FUSEError(pyfuse3.ENOATTR) from None
+            raise
 
     @_handler
     def listxattr(self, inode, ctx):
@@ -658,4 +698,5 @@ class RewindOperations(pyfuse3.Operations):
 
     def statistics(self) -> dict:
         return {"epoch": self.epoch_id, "captured": len(self.captured),
+                "writeback": self.enable_writeback_cache,
                 "open_files": len(self.handles), **self.stats, **self.table.statistics()}

@@ -27,7 +27,7 @@ _PATH_DIR = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 class Inode:
     __slots__ = ("ino", "key", "paths", "nlookup", "is_dir", "dir_fd", "seen", "handles",
-                 "wrote")
+                 "wrote", "st")
 
     def __init__(self, ino: int, key, is_dir: bool):
         self.ino = ino
@@ -39,6 +39,7 @@ class Inode:
         self.seen = None                # epoch token whose captures cover all paths
         self.handles: set[int] = set()  # open file handles (fstat for unlinked files)
         self.wrote = False              # data written since the kernel last pushed times
+        self.st = None                  # the last stat result sent to the kernel
 
     @property
     def path(self) -> bytes | None:

@@ -95,6 +95,8 @@ def parse_request(line: bytes) -> tuple[object, str, dict]:
         msg = json.loads(line)
     except (ValueError, UnicodeDecodeError) as exc:
         raise BadJson(reason=str(exc)) from None
+    except RecursionError:   # deeply nested junk: refuse it, do not crash the handler
+        raise BadJson(reason="nested too deeply") from None
     if not isinstance(msg, dict):
         raise BadJson(reason="not an object")
     rid = msg.get("id")
@@ -123,6 +125,16 @@ def req_str(params: dict, name: str, method: str, *, empty: bool = False) -> str
     value = params.get(name)
     if not isinstance(value, str) or (not empty and not value):
         raise BadParams(method=method, reason=f"{name!r} must be a non-empty string")
+    return check_text(value, name, method)
+
+
+def check_text(value: str, name: str, method: str) -> str:
+    """Names and labels are stored as UTF-8: a lone surrogate (valid JSON ``"\\ud800"``,
+    not valid Unicode) is a bad parameter, not an internal error later."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise BadParams(method=method, reason=f"{name!r} is not valid Unicode") from None
     return value
 
 
@@ -155,6 +167,7 @@ async def turn_begin(ctx, params: dict, emit) -> dict:
     label = params.get("label", "")
     if not isinstance(label, str):
         raise BadParams(method="turn.begin", reason="'label' must be a string")
+    check_text(label, "label", "turn.begin")
     label = label.split("\n", 1)[0]
     # A running rewind owns the current epoch: a turn mark waits for it to finish
     # instead of closing the rewind epoch under it.
@@ -203,6 +216,9 @@ async def status(ctx, params: dict, emit) -> dict:
     intent = ctx.store.get_intent(ctx.ws)
     if intent:
         out["intent"] = True
+    if params.get("usage") is True:   # on request (rewindfs status): a pass over the
+        # epochs and a stat per blob file — off the FUSE thread
+        out["usage"] = await trio.to_thread.run_sync(ctx.store.usage, ctx.ws)
     return out
 
 

@@ -20,7 +20,8 @@ Contracts (DESIGN invariants 3–6, 11):
 - Deletions: only ``delete`` actions (recorded ``absent`` targets) remove anything, and
   a directory only when empty; ignored paths (``.rewindignore``) are never touched.
 - A path that cannot be restored is named in ``RestoreResult.failed``; the others still
-  land (``exit_code`` 1 = partial).
+  land (``exit_code`` 1 = partial).  That includes a path whose history entry in the
+  store is damaged (``Plan.damaged``, code ``index-corrupt``) or whose blob is corrupt.
 - Unchanged paths are skipped (no capture, no write): a second identical rewind is a
   no-op, and the recovery after a crash only touches what is still wrong.
 
@@ -199,12 +200,16 @@ def _classify(root_fd, action, rules, groups) -> str:
 
 
 def _foreign(store, ws, target, paths, session):
+    """Paths that an ``idle`` epoch or another session's turn changed since the point,
+    each with the newest such epoch — also when this session changed the path again
+    afterwards (the rewind still undoes the other change)."""
     base = session if session is not None else store.epoch(target).session
     out = []
-    for path, ep in store.changed_since(ws, target, paths):
-        if ep.kind == "idle" or (ep.kind == "turn" and base is not None
-                                 and ep.session != base):
-            out.append((path, ep))
+    for path, eps in store.touches_since(ws, target, paths):
+        others = [ep for ep in eps if ep.kind == "idle" or (
+            ep.kind == "turn" and base is not None and ep.session != base)]
+        if others:
+            out.append((path, others[-1]))
     return out
 
 
@@ -231,6 +236,7 @@ class _Run:
     groups: _Groups = field(default_factory=_Groups)
     dirty: set = field(default_factory=set)
     uncaptured: dict = field(default_factory=dict)   # path → why its capture failed
+    targets: dict = field(default_factory=dict)      # path → target image (this plan)
 
 
 def _twins(run: _Run, path: bytes) -> list[bytes]:
@@ -250,11 +256,19 @@ def _twins(run: _Run, path: bytes) -> list[bytes]:
 
 def _adopt_group(run: _Run, img) -> None:
     """No name of ``img``'s link group landed yet: if a surviving name of that inode
-    still holds the target content, make it the group's first name (we link to it)."""
+    still holds the target content, make it the group's first name (we link to it).
+
+    Only a name the plan leaves alone (untouched since the point, so it named this very
+    inode then) or one whose own target is in the same group qualifies: inode numbers
+    are reused, and a file now carrying the group's old number — with equal content,
+    e.g. empty — may be another group's file."""
     key = parse_group(img.link_group) if img.kind == "file" else None
     if key is None or img.link_group in run.groups.first:
         return
     for other in run.inodes.names(*key):
+        mine = run.targets.get(other, img)
+        if getattr(mine, "link_group", None) != img.link_group:
+            continue
         try:
             dir_fd, name = open_parent(run.root_fd, other)
         except (OSError, RewindfsError):
@@ -330,9 +344,23 @@ def _notify(callback) -> None:
         callback()
 
 
+def _report_damaged(run: _Run, store_plan, result: RestoreResult) -> None:
+    """Paths whose deciding journal entry is damaged have no target: name them (the
+    rest of the plan still lands; exit code 1)."""
+    for path, reason in sorted(getattr(store_plan, "damaged", {}).items()):
+        fail = Failure(path, "index-corrupt",
+                       f"its history entry in the store is damaged ({reason}); left as is")
+        result.failed.append(fail)
+        log.warning("rewind: %r not restored: %s", path, fail.message)
+        _emit(run, {"type": "rewind.failed", "path": path, "code": fail.code,
+                    "message": fail.message})
+
+
 def _land_all(run: _Run, store_plan, items=None) -> RestoreResult:
     L.FAULT.arm()
     result = RestoreResult(run.epoch, store_plan.target)
+    run.targets = {a.path: a.image for a in store_plan if a.op != "meta"}
+    _report_damaged(run, store_plan, result)
     if items is None:
         groups = _Groups()
         items = [PlannedAction(a, _classify(run.root_fd, a, run.rules, groups))

@@ -21,10 +21,11 @@ import os
 
 import trio
 
-from store._errors import PathEscape
+from store._errors import BadPath, PathEscape
+from store._preimage import check_relpath
 
 from . import _diff, _restore
-from ._protocol import BadParams
+from ._protocol import BadParams, check_text
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +33,7 @@ __all__ = ["METHODS", "SYNC", "call_local", "events_of", "plan_dict", "rewind_lo
            "wire_path"]
 
 _LOCKS: dict[int, trio.Lock] = {}
+_NAME_MAX = 255
 
 
 # -- parameters ---------------------------------------------------------------------
@@ -41,13 +43,18 @@ def wire_path(value, method: str) -> bytes:
     ``""``/``"."`` = the whole workspace; absolute paths and ``..`` are refused."""
     if not isinstance(value, str):
         raise BadParams(method=method, reason="paths must be strings")
-    raw = os.fsencode(value)
+    try:   # non-UTF-8 bytes travel as surrogateescape; other lone surrogates are junk
+        raw = os.fsencode(value)
+    except UnicodeEncodeError:
+        raise BadParams(method=method, reason=f"path {value!r} is not encodable") from None
     if raw.startswith(b"/"):
         raise PathEscape(path=raw, reason="absolute path; give it relative to the workspace")
     parts = [p for p in raw.split(b"/") if p not in (b"", b".")]
     if b".." in parts:
         raise PathEscape(path=raw, reason="'..' component")
-    return b"/".join(parts)
+    if any(len(p) > _NAME_MAX for p in parts):   # no such name can exist
+        raise BadPath(path=raw[:64] + b"...", reason=f"a name longer than {_NAME_MAX} bytes")
+    return check_relpath(b"/".join(parts))      # NUL, over 4096 bytes: BadPath
 
 
 def _paths(params: dict, method: str) -> list[bytes] | None:
@@ -79,7 +86,7 @@ def _opt_str(params: dict, name: str, method: str) -> str | None:
     value = params.get(name)
     if value is not None and (not isinstance(value, str) or not value):
         raise BadParams(method=method, reason=f"{name!r} must be a non-empty string")
-    return value
+    return value if value is None else check_text(value, name, method)
 
 
 def _opt_num(params: dict, name: str, method: str):
@@ -97,6 +104,10 @@ def plan_dict(plan: _restore.RewindPlan, *, with_changes: bool) -> dict:
     out = {"target": plan.target, **counts,
            "foreign": [{"path": os.fsdecode(p), "epoch": e.id, "kind": e.kind,
                         "session": e.session, "turn": e.turn} for p, e in plan.foreign]}
+    damaged = getattr(plan.plan, "damaged", {})
+    if damaged:
+        out["damaged"] = [{"path": os.fsdecode(p), "message": reason}
+                          for p, reason in sorted(damaged.items())]
     if with_changes:
         out["changes"] = [{"path": os.fsdecode(it.action.path), "op": it.action.op,
                            "change": it.change} for it in plan.items
@@ -185,8 +196,12 @@ def gc_sync(ctx, params: dict, send) -> dict:
     policy = {}
     for name in ("grace_s", "max_age_s", "max_bytes", "keep_epochs"):
         value = _opt_num(params, name, "gc")
+        if value is not None and name in ("keep_epochs", "max_bytes") \
+                and not isinstance(value, int):
+            raise BadParams(method="gc", reason=f"{name!r} must be an integer ≥ 0")
         if value is not None:
-            policy[name] = int(value) if name in ("keep_epochs", "max_bytes") else value
+            policy[name] = value
+    policy["drop_redo"] = _flag(params, "drop_redo", "gc")
     return ctx.store.gc(**policy).to_dict()
 
 

@@ -6,7 +6,7 @@ from ._blob import BlobCollision
 from ._check import FsckReport, Problem
 from ._epoch import Epoch
 from ._errors import (
-    BadPath, BadPoint, BlobCorrupt, BlobMissing, NothingToRedo, PathEscape,
+    BadPath, BadPoint, BlobCorrupt, BlobMissing, IndexCorrupt, NothingToRedo, PathEscape,
     RewindfsError, SchemaTooNew, StoreError, StoreFull, StoreInsideWorkspace, TurnOpen,
     UnknownPoint,
 )
@@ -19,7 +19,7 @@ from ._session import AmbiguousPoint, BadSession, SessionConflict
 from ._store import Store
 
 __all__ = [
-    "Action", "AmbiguousPoint", "BadPath", "BadPoint", "BadSession", "BlobCollision",
+    "Action", "AmbiguousPoint", "IndexCorrupt", "BadPath", "BadPoint", "BadSession", "BlobCollision",
     "BlobCorrupt", "BlobMissing", "Epoch", "EpochClosed", "FsckReport", "GcReport",
     "NothingToRedo", "PathEscape", "Plan", "PreImage", "Problem", "RewindfsError",
     "SchemaTooNew", "SessionConflict", "Store", "StoreError", "StoreFull", "StoreInsideWorkspace", "TurnOpen", "UnknownPoint",

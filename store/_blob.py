@@ -13,6 +13,10 @@ Contract:
   content (collision-safe dedup).  If the existing blob no longer matches its own key
   (corrupt) the new content repairs it; if it matches its key but differs from the new
   content (a real xxh3-128 collision) ``BlobCollision`` is raised and nothing changes.
+- A full disk does not refuse content the store already holds: if writing a large
+  blob's temp file fails with ``ENOSPC``, the rest of the content is hashed and a stored
+  blob with that key and the same bytes is accepted (the dedup hit the temp file would
+  have led to); only new content fails (``StoreFull``).
 - Every put (new or dedup hit) sets the entry's ``touched_ns``, which gc's grace period
   is measured from: a capture in flight (blob put, journal entry not yet recorded) is
   never collected.
@@ -25,6 +29,7 @@ and a gc of the same key can never interleave into a dangling entry.
 
 from __future__ import annotations
 
+import errno
 import itertools
 import logging
 import os
@@ -95,6 +100,17 @@ class BlobArea:
                 if tmp_fd is None:
                     return self._commit_inline(h.digest(), b"".join(chunks))
                 os.fsync(tmp_fd)
+            except OSError as exc:
+                if tmp_path is not None:
+                    _unlink_quiet(tmp_path)
+                if exc.errno not in (errno.ENOSPC, errno.EDQUOT) or tmp_fd is None:
+                    raise
+                os.close(tmp_fd)   # an open unlinked temp file still holds the space
+                tmp_fd = None
+                known = self._known_despite_full(fd, h, off)
+                if known is None:
+                    raise
+                return known
             except BaseException:
                 if tmp_path is not None:
                     _unlink_quiet(tmp_path)
@@ -103,6 +119,30 @@ class BlobArea:
                 if tmp_fd is not None:
                     os.close(tmp_fd)
             return self._commit_file(h.digest(), off, tmp_path)
+
+    def _known_despite_full(self, fd: int, h, off: int) -> tuple[bytes, int] | None:
+        """The disk filled while spooling ``fd``: finish hashing from ``off``; if the
+        store already holds that exact content, touch it and return (key, size), else
+        None.  Runs inside ``put_fd``'s ``translate()``: a failed touch is StoreFull."""
+        while chunk := os.pread(fd, CHUNK, off):
+            h.update(chunk)
+            off += len(chunk)
+        key = h.digest()
+        with _txn.write(self.env) as txn:
+            raw = txn.get(key, db=self.db)
+            if raw is None:
+                return None
+            entry = S.unpack(raw)
+            try:
+                same = entry[0] == off and _streams_equal(self._iter_raw(key, entry),
+                                                          _iter_fd(fd))
+            except BlobMissing:
+                same = False
+            if not same:
+                return None
+            self._touch(txn, key, entry)
+        log.debug("disk full, but blob %s is already stored", key.hex())
+        return key, off
 
     def put_bytes(self, data: bytes) -> tuple[bytes, int]:
         """Store ``data``; return (key, size)."""
@@ -247,6 +287,13 @@ def _write_all(fd: int, data) -> None:
 def _iter_bytes(data: bytes):
     for i in range(0, len(data), CHUNK):
         yield data[i:i + CHUNK]
+
+
+def _iter_fd(fd: int):
+    off = 0
+    while chunk := os.pread(fd, CHUNK, off):
+        off += len(chunk)
+        yield chunk
 
 
 def _iter_file(path: str):

@@ -7,6 +7,7 @@ Checks, each reported as a typed ``Problem(code, message, paths)``:
 - every file pre-image names a blob that has an entry (``missing-blob-ref``);
 - journal and per-path index agree entry for entry (``index-mismatch``), and every
   journal entry belongs to an existing epoch of its workspace (``dangling-journal``);
+- every journal value decodes (``index-corrupt``, naming its path);
 - each workspace has at most one open epoch, its newest (``epoch-state``), and the next
   epoch id is above every existing one (``epoch-counter``);
 - orphans: blobs no journal entry references (``orphan-blob``) and blob files without an
@@ -21,7 +22,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from . import _epoch, _gc
+from . import _epoch, _gc, _journal
 from . import _schema as S
 from ._errors import BlobCorrupt, BlobMissing
 
@@ -108,8 +109,11 @@ def _check_journal(txn, db, report) -> None:
     for key, raw in txn.cursor(db=db["journal"]):
         report.entries_checked += 1
         ws, eid = S.read_u32(key), S.read_u64(key, 4)
-        fields, full = S.unpack(raw)
-        path = full if full is not None else bytes(key[12:])
+        path, img = _journal.decode_value(key, raw)
+        if img.kind == "damaged":
+            report.problems.append(Problem(
+                "index-corrupt", f"epoch {eid}: journal entry is damaged ({img.reason})",
+                (path,)))
         if eid not in epochs:
             epochs[eid] = _epoch.get(txn, db, eid)
         e = epochs[eid]

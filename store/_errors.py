@@ -71,6 +71,13 @@ class BlobCorrupt(StoreError):
     traceback = False
 
 
+class IndexCorrupt(StoreError):
+    """The store's index entry for {path!r} (epoch {epoch}) is damaged: {reason}."""
+
+    code = "index-corrupt"
+    traceback = False
+
+
 class SchemaTooNew(StoreError):
     """The store at {path} was written by a newer rewindfs (schema {found}, this one reads {supported}); upgrade rewindfs."""
 

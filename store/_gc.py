@@ -3,10 +3,11 @@
 Retention (optional, ``keep_epochs`` / ``max_age_s`` / ``max_bytes``) drops the oldest
 epochs of a workspace — always a contiguous oldest-first prefix, because dropping an
 epoch's pre-images invalidates every point at or before it (those points are then
-unknown; ``resolve_point`` says so).  Never dropped: the open epoch, and every epoch at
-or after the target of the workspace's newest rewind (a pending redo may need it), nor
-anything after a kept one.  ``max_bytes`` counts the pre-image bytes recorded per epoch
-(``Epoch.bytes``, before dedup) summed over the store.
+unknown; ``resolve_point`` says so).  Never dropped: the open epoch, and — unless
+``drop_redo`` — every epoch at or after the target of the newest rewind of each session
+(and of the workspace as a whole): a pending redo, or undoing that redo, needs them.
+Nothing after a kept epoch is dropped either.  ``max_bytes`` counts the pre-image bytes
+recorded per epoch (``Epoch.bytes``, before dedup) summed over the store.
 
 Reachability: a blob no retained journal entry references is removed once its
 ``touched_ns`` (set by every put, including dedup hits) is older than ``grace_s`` — a
@@ -25,7 +26,7 @@ import os
 import time
 from dataclasses import dataclass
 
-from . import _epoch, _journal, _session
+from . import _epoch, _journal
 from . import _schema as S
 from . import _txn
 
@@ -44,10 +45,11 @@ class GcReport:
         return dict(self.__dict__)
 
 
-def collect(store, *, grace_s, keep_epochs, max_age_s, max_bytes) -> GcReport:
+def collect(store, *, grace_s, keep_epochs, max_age_s, max_bytes,
+            drop_redo: bool = False) -> GcReport:
     report = GcReport()
     if keep_epochs is not None or max_age_s is not None or max_bytes is not None:
-        _retain(store, report, keep_epochs, max_age_s, max_bytes)
+        _retain(store, report, keep_epochs, max_age_s, max_bytes, drop_redo)
     cutoff = time.time_ns() - int(grace_s * 1e9)
     doomed_files = _drop_unreferenced(store, report, cutoff)
     _unlink_files(store, report, doomed_files, cutoff)
@@ -55,21 +57,32 @@ def collect(store, *, grace_s, keep_epochs, max_age_s, max_bytes) -> GcReport:
 
 
 # -- retention -------------------------------------------------------------------------
-def _droppable(txn, db, ws: int) -> list[_epoch.Epoch]:
+def _droppable(txn, db, ws: int, drop_redo: bool = False) -> list[_epoch.Epoch]:
     """Oldest-first epochs of ``ws`` that retention may drop."""
     epochs = _epoch.all_of(txn, db, ws)
     floor = epochs[-1].id if epochs else 0
-    rew = _session.newest_rewind(txn, db, ws, None)
-    if rew is not None and rew.target is not None:
-        floor = min(floor, rew.target)
+    if not drop_redo:
+        for rew in _pending_redos(epochs):
+            floor = min(floor, rew.target)
     return [e for e in epochs if e.id < floor]
 
 
-def _retain(store, report, keep_epochs, max_age_s, max_bytes) -> None:
+def _pending_redos(epochs) -> list[_epoch.Epoch]:
+    """The newest rewind epoch of the workspace and of each session: what ``redo`` (with
+    or without ``--session``) would undo."""
+    newest: dict = {}
+    for e in epochs:
+        if e.kind == "rewind" and e.target is not None:
+            newest[e.session] = e
+            newest[("any",)] = e
+    return list(newest.values())
+
+
+def _retain(store, report, keep_epochs, max_age_s, max_bytes, drop_redo) -> None:
     db, now = store._db, time.time_ns()
     with store._w() as txn:
         ws_ids = [S.read_u32(k) for k in txn.cursor(db=db["ws_paths"]).iternext(values=False)]
-        per_ws = {ws: _droppable(txn, db, ws) for ws in ws_ids}
+        per_ws = {ws: _droppable(txn, db, ws, drop_redo) for ws in ws_ids}
         doomed: list[_epoch.Epoch] = []
         for ws, cands in per_ws.items():
             total = len(_epoch.all_of(txn, db, ws))
@@ -125,10 +138,10 @@ def referenced_blobs(txn, db) -> dict[bytes, list[bytes]]:
     """Blob key → paths of journal entries referencing it."""
     refs: dict[bytes, list[bytes]] = {}
     for key, raw in txn.cursor(db=db["journal"]):
-        fields, full = S.unpack(raw)
-        blob = fields[7]
+        path, img = _journal.decode_value(key, raw)
+        blob = getattr(img, "blob", None)   # a damaged entry names no blob we can trust
         if blob is not None:
-            refs.setdefault(blob, []).append(full if full is not None else bytes(key[12:]))
+            refs.setdefault(blob, []).append(path)
     return refs
 
 

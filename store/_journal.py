@@ -13,8 +13,13 @@ from __future__ import annotations
 
 from . import _epoch
 from . import _schema as S
-from ._errors import StoreError
-from ._preimage import PreImage, check_relpath, decode, encode
+import msgpack
+
+from ._errors import IndexCorrupt, StoreError
+from ._preimage import Damaged, PreImage, check_relpath, decode, encode
+
+# What a damaged journal value raises while being decoded.
+_DECODE_ERRORS = (ValueError, TypeError, IndexError, KeyError, msgpack.UnpackException)
 
 
 class EpochClosed(StoreError):
@@ -54,13 +59,38 @@ def is_recorded(txn, db, ws: int, epoch_id: int, path: bytes) -> bool:
 
 
 def get(txn, db, ws: int, epoch_id: int, path: bytes) -> PreImage | None:
+    """The pre-image of ``path`` in that epoch, ``None`` if none; ``IndexCorrupt`` if
+    its entry is damaged."""
+    img = get_or_damaged(txn, db, ws, epoch_id, path)
+    if isinstance(img, Damaged):
+        raise IndexCorrupt(path=path, epoch=epoch_id, reason=img.reason)
+    return img
+
+
+def get_or_damaged(txn, db, ws: int, epoch_id: int, path: bytes):
+    """As ``get``, but a damaged entry comes back as a ``Damaged`` marker."""
     raw = txn.get(S.journal_key(ws, epoch_id, path), db=db["journal"])
-    return None if raw is None else decode(S.unpack(raw)[0])
+    if raw is None:
+        return None
+    try:
+        return decode(S.unpack(raw)[0])
+    except _DECODE_ERRORS as exc:
+        return Damaged(epoch_id, f"undecodable entry ({type(exc).__name__})")
 
 
-def _decode_entry(key: bytes, raw) -> tuple[bytes, PreImage]:
-    fields, full = S.unpack(raw)
-    return (full if full is not None else bytes(key[12:])), decode(fields)
+def decode_value(key: bytes, raw):
+    """``(path, PreImage | Damaged)`` of one journal key/value.  The path of a damaged
+    value is read from its key (a hashed long path then shows its key form)."""
+    try:
+        fields, full = S.unpack(raw)
+        path = full if full is not None else bytes(key[12:])
+        return path, decode(fields)
+    except _DECODE_ERRORS as exc:
+        return bytes(key[12:]), Damaged(S.read_u64(key, 4),
+                                        f"undecodable entry ({type(exc).__name__})")
+
+
+_decode_entry = decode_value
 
 
 def entries(txn, db, ws: int, epoch_id: int):

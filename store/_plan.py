@@ -36,6 +36,7 @@ class Plan:
     target: int
     actions: list[Action] = field(default_factory=list)
     paths: set[bytes] = field(default_factory=set)
+    damaged: dict[bytes, str] = field(default_factory=dict)   # path → why: no action
 
     def __iter__(self):
         return iter(self.actions)
@@ -54,7 +55,11 @@ class Plan:
 
 
 def build(target: int, states: dict[bytes, PreImage]) -> Plan:
-    """Order the target ``states`` (path → PreImage) into a ``Plan``."""
+    """Order the target ``states`` (path → PreImage) into a ``Plan``.  A ``Damaged``
+    state (its journal entry no longer decodes) gets no action: it is listed in
+    ``Plan.damaged`` so the restore engine names it while the rest lands."""
+    damaged = {p: img.reason for p, img in states.items() if img.kind == "damaged"}
+    states = {p: img for p, img in states.items() if img.kind != "damaged"}
     deletes = sorted((p for p, img in states.items() if img.kind == "absent"),
                      key=lambda p: (-depth(p), p))
     creates = sorted((p for p, img in states.items() if img.kind != "absent"),
@@ -64,4 +69,4 @@ def build(target: int, states: dict[bytes, PreImage]) -> Plan:
     actions = [Action("delete", p, PreImage.ABSENT) for p in deletes]
     actions += [Action(_CREATE_OP[states[p].kind], p, states[p]) for p in creates]
     actions += [Action("meta", p, states[p]) for p in dirs]
-    return Plan(target, actions, set(states))
+    return Plan(target, actions, set(states), damaged)

@@ -88,12 +88,35 @@ def touched_since(txn, db, ws: int, epoch_id: int, paths=None, *, newest=False) 
     return found
 
 
+def all_touches(txn, db, ws: int, epoch_id: int, paths=None) -> dict[bytes, list[int]]:
+    """Every path touched in an epoch >= ``epoch_id`` (within ``paths`` and their
+    subtrees) → *all* such epochs, ascending (who else changed it since the point)."""
+    found: dict[bytes, list[int]] = {}
+    if paths is None or b"" in paths:
+        for eid, path, _img in _journal.entries_from(txn, db, ws, epoch_id):
+            found.setdefault(path, []).append(eid)
+        return found
+    for top in paths:
+        prefix = S.u32(ws) + S.pkey(top) + b"\0"
+        cur = txn.cursor(db=db["touched"])
+        if cur.set_range(prefix + S.u64(epoch_id)):
+            for key in cur.iternext(values=False):
+                if len(key) != len(prefix) + 8 or key[:len(prefix)] != prefix:
+                    break
+                found.setdefault(top, []).append(S.read_u64(key, len(prefix)))
+        for path, eid in _touched_under(txn, db, ws, top):
+            if eid >= epoch_id:
+                found.setdefault(path, []).append(eid)
+    return {p: sorted(set(e)) for p, e in found.items()}
+
+
 def targets(txn, db, ws: int, epoch_id: int, paths=None) -> dict[bytes, PreImage]:
-    """The state at point ``epoch_id`` of every path touched since (within ``paths``)."""
+    """The state at point ``epoch_id`` of every path touched since (within ``paths``).
+    A path whose deciding entry is damaged maps to a ``Damaged`` marker."""
     if paths is None or b"" in paths:
         out: dict[bytes, PreImage] = {}
         for _eid, path, img in _journal.entries_from(txn, db, ws, epoch_id):
             out.setdefault(path, img)
         return out
-    return {path: _journal.get(txn, db, ws, eid, path)
+    return {path: _journal.get_or_damaged(txn, db, ws, eid, path)
             for path, eid in touched_since(txn, db, ws, epoch_id, paths).items()}

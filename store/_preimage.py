@@ -53,6 +53,19 @@ class PreImage:
 PreImage.ABSENT = PreImage("absent")
 
 
+@dataclass(frozen=True)
+class Damaged:
+    """Stands in for a journal entry that no longer decodes (a damaged index value).
+
+    Iterating code (plans, fsck, gc) gets this instead of an exception, so one damaged
+    entry names its path and the rest of the history stays usable.  Never stored."""
+
+    epoch: int
+    reason: str
+    kind: ClassVar[str] = "damaged"
+    exists: ClassVar[bool] = True
+
+
 def encode(img: PreImage) -> list:
     """The msgpack-able form (a list, compact and order-stable)."""
     return [

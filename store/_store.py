@@ -283,6 +283,17 @@ class Store:
             epochs = {eid: _epoch.get(txn, self._db, eid) for eid in set(found.values())}
         return iter([(p, epochs[found[p]]) for p in sorted(found)])
 
+    def touches_since(self, ws, epoch_id, paths=None):
+        """Every path touched in epochs >= ``epoch_id`` with *every* such epoch (oldest
+        first) — for "who else changed this since the point" reports."""
+        paths = _check_paths(paths)
+        with self._r() as txn:
+            _epoch.get_in(txn, self._db, ws, epoch_id)
+            found = _point.all_touches(txn, self._db, ws, epoch_id, paths)
+            ids = {eid for eids in found.values() for eid in eids}
+            epochs = {eid: _epoch.get(txn, self._db, eid) for eid in ids}
+        return iter([(p, [epochs[e] for e in found[p]]) for p in sorted(found)])
+
     # -- intents ------------------------------------------------------------------------
     def put_intent(self, ws, intent: dict) -> None:
         with self._w() as txn:
@@ -297,11 +308,20 @@ class Store:
             _intent.clear(txn, self._db, ws)
 
     # -- maintenance --------------------------------------------------------------------
-    def gc(self, *, grace_s: float = 3600, keep_epochs=None, max_age_s=None, max_bytes=None):
+    def gc(self, *, grace_s: float = 3600, keep_epochs=None, max_age_s=None, max_bytes=None,
+           drop_redo: bool = False):
+        """Retention (oldest epochs first) then unreferenced blobs; see ``_gc``.
+        ``drop_redo`` lets retention drop what pending redos need."""
         from ._gc import collect
         self._check_usable()
         return collect(self, grace_s=grace_s, keep_epochs=keep_epochs,
-                       max_age_s=max_age_s, max_bytes=max_bytes)
+                       max_age_s=max_age_s, max_bytes=max_bytes, drop_redo=drop_redo)
+
+    def usage(self, ws=None) -> dict:
+        """Store usage: on disk, and per workspace and session (see ``_usage``)."""
+        from ._usage import usage
+        self._check_usable()
+        return usage(self, ws)
 
     def fsck(self):
         from ._check import check

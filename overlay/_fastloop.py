@@ -1,0 +1,67 @@
+"""A cheaper wait for the next FUSE request than pyfuse3's.
+
+pyfuse3's session loop calls its module-level ``_wait_fuse_readable()`` before every
+request: take a ``trio.Lock``, then ``trio.lowlevel.wait_readable(fd)``, which parks the
+task, re-arms epoll and goes once round trio's scheduler — even when the next request is
+already waiting in ``/dev/fuse``.  Under load that costs more than most of our handlers
+(see docs/benchmarks.md).  ``install(fd)`` replaces it with a version that first asks
+``poll(fd, 0)``: if a request is already there it returns at once, without a
+checkpoint; otherwise (idle) it falls back to pyfuse3's own wait.
+
+Contract kept: every ``_FAIR_EVERY``-th request still passes a trio checkpoint, so
+control-socket tasks, signals and cancellation (shutdown) are never starved while the
+kernel keeps the queue full.  We run pyfuse3 with exactly one reader task
+(``_daemon._fuse_main``), so the read lock pyfuse3 takes protects nothing we skip.
+Handlers themselves never await (docs/concurrency.md), so ordering is unchanged:
+one request runs to completion before the next is read.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import select
+
+import pyfuse3
+import trio
+
+log = logging.getLogger(__name__)
+
+__all__ = ["fuse_fd", "install"]
+
+_FAIR_EVERY = 32
+
+
+def fuse_fd() -> int | None:
+    """The ``/dev/fuse`` fd of this process's session (pyfuse3 does not export it)."""
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{name}") == "/dev/fuse":
+                return int(name)
+        except OSError:
+            continue
+    return None
+
+
+def install(fd: int | None = None) -> bool:
+    """Replace pyfuse3's per-request wait (call after ``pyfuse3.init``); False if the
+    fd cannot be found or pyfuse3 has no such hook (then nothing changes)."""
+    orig = getattr(pyfuse3, "_wait_fuse_readable", None)
+    fd = fuse_fd() if fd is None else fd
+    if orig is None or fd is None:
+        log.info("fast FUSE wait not installed")
+        return False
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    poll = poller.poll
+    countdown = [_FAIR_EVERY]
+
+    async def _wait_fuse_readable():
+        if countdown[0] > 0 and poll(0):
+            countdown[0] -= 1
+            return True
+        countdown[0] = _FAIR_EVERY
+        return await orig()
+
+    pyfuse3._wait_fuse_readable = _wait_fuse_readable
+    return True

@@ -1,0 +1,244 @@
+#!/usr/bin/env python3
+"""Soak: many turns with small changes through a real rewindfs mount.
+
+Each turn: ``turn.begin`` (timed), a few small edits through the mount (rewrite one to
+three small files, now and then create or delete one), ``turn.end`` (timed).  Per
+window of turns it prints the turn-mark latency (p50/p99 of begin and of end, over one
+persistent control connection) and the store's growth per turn (bytes on disk of the
+LMDB index and the blob files, measured at each window's end), so a reader can see
+whether they stay flat as the history grows.  Figures, not assertions.
+
+    .venv/bin/python scripts/soak.py                 # 10,000 turns, windows of 1,000
+    .venv/bin/python scripts/soak.py --turns 2000 --window 250 [--json out.json]
+    .venv/bin/python scripts/soak.py --gc-keep 1000  # then gc, then one more window
+
+With ``--gc-keep N`` it finally runs ``gc`` keeping the newest N epochs (timed) and one
+more window of turns, to show the freed space being reused (growth ~0).
+
+Run as root (it mounts FUSE).  Everything lives in a temporary directory that is
+unmounted and removed at the end (``--keep`` keeps the store for inspection).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from overlay._paths import control_socket_path  # noqa: E402
+
+
+def _is_mounted(path: Path) -> bool:
+    real = os.path.realpath(path).encode()
+    with open("/proc/self/mountinfo", "rb") as f:
+        return any(line.split()[4] == real and b" - fuse.rewindfs " in line for line in f)
+
+
+class Control:
+    """One persistent control connection (requests are answered in order)."""
+
+    def __init__(self, path: bytes):
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.connect(path)
+        self.buf = b""
+        self.rid = 0
+
+    def call(self, method: str, **params) -> dict:
+        self.rid += 1
+        self.sock.sendall(json.dumps({"v": 1, "id": self.rid, "method": method,
+                                      "params": params}).encode() + b"\n")
+        while True:
+            while b"\n" not in self.buf:
+                chunk = self.sock.recv(65536)
+                if not chunk:
+                    raise RuntimeError("daemon closed the control connection")
+                self.buf += chunk
+            line, self.buf = self.buf.split(b"\n", 1)
+            msg = json.loads(line)
+            if "event" in msg:
+                continue
+            if not msg.get("ok"):
+                raise RuntimeError(f"{method}: {msg.get('error')}")
+            return msg["result"]
+
+
+def disk_bytes(store: Path) -> int:
+    total = 0
+    for dirpath, _dirs, files in os.walk(store):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(dirpath, name)).st_blocks * 512
+            except FileNotFoundError:
+                pass
+    return total
+
+
+def pct(values: list[float], p: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(round(p / 100 * (len(values) - 1))))]
+
+
+def edit(ws: Path, rng: random.Random, names: list[str], turn: int) -> None:
+    """A turn's small changes, through the mount."""
+    for name in rng.sample(names, rng.randint(1, 3)):
+        (ws / name).write_text(f"turn {turn} {name}\n" + "x" * rng.randint(10, 2000))
+    roll = rng.random()
+    if roll < 0.1:
+        new = f"new{turn}.txt"
+        (ws / new).write_text(f"created in turn {turn}\n")
+        names.append(new)
+    elif roll < 0.15 and len(names) > 20:
+        (ws / names.pop(rng.randrange(len(names)))).unlink()
+
+
+class Turns:
+    """Runs turns and collects one row of figures per window."""
+
+    def __init__(self, ctl: Control, ws: Path, store: Path, seed: int, window: int):
+        self.ctl, self.ws, self.store, self.window = ctl, ws, store, window
+        self.rng = random.Random(seed)
+        self.names = sorted(p.name for p in ws.iterdir())
+        self.turn = 0
+        self.last_size = disk_bytes(store)
+        self.t0 = time.monotonic()
+
+    def run(self, count: int) -> list[dict]:
+        rows, begin_ms, end_ms = [], [], []
+        for i in range(1, count + 1):
+            self.turn += 1
+            a = time.perf_counter()
+            self.ctl.call("turn.begin", session="soak", turn=self.turn,
+                          label=f"turn {self.turn}")
+            b = time.perf_counter()
+            edit(self.ws, self.rng, self.names, self.turn)
+            c = time.perf_counter()
+            self.ctl.call("turn.end")
+            d = time.perf_counter()
+            begin_ms.append((b - a) * 1e3)
+            end_ms.append((d - c) * 1e3)
+            if i % self.window == 0 or i == count:
+                size = disk_bytes(self.store)
+                rows.append({"turns": self.turn, "begin_p50_ms": pct(begin_ms, 50),
+                             "begin_p99_ms": pct(begin_ms, 99), "end_p50_ms": pct(end_ms, 50),
+                             "end_p99_ms": pct(end_ms, 99),
+                             "growth_per_turn_bytes": (size - self.last_size) / len(begin_ms),
+                             "store_bytes": size, "wall_s": time.monotonic() - self.t0})
+                print_row(rows[-1])
+                self.last_size, begin_ms, end_ms = size, [], []
+        return rows
+
+
+def retention(ctl: Control, turns: Turns, keep: int) -> dict:
+    """``gc`` keeping the newest ``keep`` epochs (no grace: nothing is in flight between
+    turns here), then one more window of turns: freed LMDB pages are reused, so the
+    store should not grow again until the freed space is used up."""
+    a = time.perf_counter()
+    report = ctl.call("gc", keep_epochs=keep, grace_s=0)
+    took = time.perf_counter() - a
+    print(f"gc --keep-epochs {keep}: {took:.2f} s, {report['epochs_dropped']} epochs and "
+          f"{report['blobs_removed']} blobs dropped; store stays "
+          f"{disk_bytes(turns.store) / 1e6:.1f} MB on disk (LMDB reuses, never shrinks)")
+    turns.last_size = disk_bytes(turns.store)
+    after = turns.run(turns.window)
+    return {"keep_epochs": keep, "seconds": took, "report": report, "after": after}
+
+
+def soak(turns: int, window: int, seed: int, top: Path, gc_keep: int | None) -> dict:
+    ws, store = top / "ws", top / "store"
+    ws.mkdir()
+    for i in range(40):
+        (ws / f"f{i}.txt").write_text(f"f{i}.txt v0\n")
+    log = open(top / "daemon.log", "w")
+    proc = subprocess.Popen([sys.executable, "-m", "overlay.cli", "--store", str(store),
+                             "mount", str(ws), "--foreground"], cwd=REPO, stdout=log,
+                            stderr=subprocess.STDOUT,
+                            env=dict(os.environ, PYTHONPATH=str(REPO)))
+    try:
+        deadline = time.monotonic() + 30
+        while not _is_mounted(ws):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("the daemon did not mount; see " + str(top / "daemon.log"))
+            time.sleep(0.01)
+        ctl = Control(control_socket_path(store, ws))
+        size0 = disk_bytes(store)
+        runner = Turns(ctl, ws, store, seed, window)
+        rows = runner.run(turns)
+        status = ctl.call("status", usage=True)
+        result = {"turns": turns, "window": window, "seed": seed, "windows": rows,
+                  "store_bytes_start": size0, "usage": status.get("usage")}
+        if gc_keep is not None:
+            result["retention"] = retention(ctl, runner, gc_keep)
+    finally:
+        subprocess.run([sys.executable, "-m", "overlay.cli", "--store", str(store),
+                        "unmount", str(ws)], cwd=REPO, capture_output=True,
+                       env=dict(os.environ, PYTHONPATH=str(REPO)))
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            subprocess.run(["fusermount3", "-uz", str(ws)], capture_output=True)
+            proc.kill()
+            proc.wait()
+        log.close()
+    fsck = subprocess.run([sys.executable, "-m", "overlay.cli", "--store", str(store), "fsck",
+                           "--json"], cwd=REPO, capture_output=True, text=True,
+                          env=dict(os.environ, PYTHONPATH=str(REPO)))
+    result["fsck_exit"] = fsck.returncode
+    return result
+
+
+def print_row(r: dict) -> None:
+    print(f"{r['turns']:>7}  begin p50 {r['begin_p50_ms']:6.2f} ms"
+          f"  p99 {r['begin_p99_ms']:6.2f} ms"
+          f"  | end p50 {r['end_p50_ms']:6.2f} ms  p99 {r['end_p99_ms']:6.2f} ms"
+          f"  | +{r['growth_per_turn_bytes']:8.0f} B/turn"
+          f"  store {r['store_bytes'] / 1e6:7.1f} MB"
+          f"  ({r['wall_s']:.0f} s)", flush=True)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--turns", type=int, default=10_000)
+    ap.add_argument("--window", type=int, default=None, help="turns per row (default "
+                    "1000, or turns/10 if fewer)")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
+    ap.add_argument("--keep", action="store_true", help="keep the temporary directory")
+    ap.add_argument("--gc-keep", type=int, metavar="N", help="afterwards, gc keeping the "
+                    "newest N epochs, then one more window of turns")
+    args = ap.parse_args(argv)
+    window = args.window or (1000 if args.turns >= 10_000 else max(1, args.turns // 10))
+    top = Path(tempfile.mkdtemp(prefix="rewindfs-soak-"))
+    try:
+        result = soak(args.turns, window, args.seed, top, args.gc_keep)
+    finally:
+        if not args.keep and not _is_mounted(top / "ws"):
+            shutil.rmtree(top, ignore_errors=True)
+    w = result["windows"]
+    flat = statistics.median(r["growth_per_turn_bytes"] for r in w)
+    print(f"store: {result['store_bytes_start'] / 1e6:.1f} MB → "
+          f"{w[-1]['store_bytes'] / 1e6:.1f} MB, median growth {flat:.0f} B/turn; "
+          f"fsck exit {result['fsck_exit']}")
+    ws_usage = (result.get("usage") or {}).get("workspaces") or [{}]
+    if ws_usage[0].get("paths"):
+        u = ws_usage[0]
+        print(f"recorded: {u['paths']} pre-images, {u['bytes'] / args.turns:.0f} B of "
+              f"pre-image content per turn (before dedup) over {u['epochs']} epochs")
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1))
+    return 0 if result["fsck_exit"] == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

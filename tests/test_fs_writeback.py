@@ -1,0 +1,135 @@
+"""The kernel's writeback cache (on by default) keeps write-ahead and fail-closed:
+
+- a write buffered in the kernel during turn N reaches the real file, and is journaled,
+  in turn N's epoch: turn.begin/turn.end push dirty pages to the daemon first;
+- a file opened for writing is captured at open(), so a capture failure refuses the
+  open itself with ENOSPC/EIO and the file stays unchanged;
+- a file held open across a turn boundary is captured again in the new epoch, with
+  the content it had when that epoch began.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import subprocess
+
+import pytest
+
+from mountkit import mounted
+
+pytestmark = pytest.mark.mount
+
+
+def _real(ws_fd, name) -> bytes:
+    """The bare file underneath the mount, read through a pre-mount fd (never the cache)."""
+    fd = os.open(name, os.O_RDONLY, dir_fd=ws_fd)
+    try:
+        return os.read(fd, 64 << 20)
+    finally:
+        os.close(fd)
+
+
+def _journal(m, epoch) -> dict:
+    with m.open_store() as s:
+        ws = s.workspace(os.fsencode(os.path.realpath(m.ws)))
+        return dict(s.journal(ws, epoch))
+
+
+def _content(m, image) -> bytes:
+    with m.open_store() as s:
+        return s.read_blob(image.blob)
+
+
+def test_buffered_write_lands_in_its_turn(tmp_path):
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "f").write_bytes(b"orig")
+    ws_fd = os.open(ws, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        with mounted(ws, tmp_path / "store") as m:
+            assert m.call("status")["fs"]["writeback"] is True
+            e1 = m.call("turn.begin", session="s", turn=1, label="one")["epoch"]
+            fd = os.open(ws / "f", os.O_WRONLY)
+            try:
+                os.write(fd, b"AAAA")              # buffered in the kernel, no fsync
+                idle = m.call("turn.end")["epoch"]
+                # turn.end pushed the dirty page before switching epochs
+                assert _real(ws_fd, "f") == b"AAAA"
+                os.pwrite(fd, b"BB", 4)            # same handle, now in the idle epoch
+                e2 = m.call("turn.begin", session="s", turn=2, label="two")["epoch"]
+                assert _real(ws_fd, "f") == b"AAAABB"
+            finally:
+                os.close(fd)
+            m.call("turn.end")
+            j1, jidle, j2 = _journal(m, e1), _journal(m, idle), _journal(m, e2)
+            assert _content(m, j1[b"f"]) == b"orig"        # captured at open, in turn 1
+            assert _content(m, jidle[b"f"]) == b"AAAA"     # turn 1's write, complete
+            assert b"f" not in j2                         # nothing crossed into turn 2
+            with m.open_store() as s:
+                assert s.fsck().ok
+    finally:
+        os.close(ws_fd)
+
+
+@pytest.fixture
+def tiny_tmpfs(tmp_path):
+    """A 2 MiB tmpfs for the store; unmounted in finally."""
+    mnt = tmp_path / "tiny"
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)], check=True)
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", str(mnt)], check=False)
+        if os.path.ismount(mnt):
+            subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+@pytest.mark.parametrize("flags", [os.O_WRONLY, os.O_RDWR, os.O_WRONLY | os.O_APPEND])
+def test_capture_failure_refuses_the_open(tmp_path, tiny_tmpfs, flags):
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    big = os.urandom(3 << 20)  # its pre-image cannot fit in the 2 MiB store
+    (ws / "big").write_bytes(big)
+    ws_fd = os.open(ws, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        with mounted(ws, tiny_tmpfs / "store") as m:
+            m.call("turn.begin", session="s", turn=1, label="full")
+            with pytest.raises(OSError) as exc:
+                os.open(ws / "big", flags)         # the open itself fails closed
+            assert exc.value.errno in (errno.ENOSPC, errno.EIO)
+            assert _real(ws_fd, "big") == big
+            with open(ws / "big", "rb") as f:      # reading is still allowed
+                assert f.read() == big
+            assert m.call("status")["fs"]["capture_errors"] >= 1
+            m.call("turn.end")
+    finally:
+        os.close(ws_fd)
+
+
+def test_times_pushed_after_unlink_are_not_errors(tmp_path):
+    """The kernel pushes the mtime of a written file lazily (SETATTR at writeback); when
+    the file was unlinked in between there is nothing left to change, and the push must
+    not turn into a writeback error that a later fsync/syncfs reports."""
+    from overlay._sys import syncfs
+    ws = tmp_path / "ws"
+    with mounted(ws, tmp_path / "store") as m:
+        m.call("turn.begin", session="s", turn=1, label="t")
+        root = os.open(ws, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            for i in range(20):
+                fd = os.open(ws / f"j{i}", os.O_CREAT | os.O_RDWR, 0o644)
+                os.write(fd, b"journal page" * 100)
+                if i % 2:
+                    os.close(fd)
+                    os.unlink(ws / f"j{i}")
+                else:
+                    os.unlink(ws / f"j{i}")
+                    os.write(fd, b"more")
+                    os.close(fd)
+            syncfs(root)  # raises if any writeback request failed
+        finally:
+            os.close(root)
+        assert os.listdir(ws) == []
+        m.call("turn.end")
