@@ -44,6 +44,7 @@ from ._capture import capture
 from ._ignore import IgnoreRules
 from ._resolve import open_dir, open_parent, split
 from ._restore_links import InodeIndex, parse_group
+from ._sys import syncfs
 
 log = logging.getLogger(__name__)
 
@@ -237,6 +238,24 @@ class _Run:
     dirty: set = field(default_factory=set)
     uncaptured: dict = field(default_factory=dict)   # path → why its capture failed
     targets: dict = field(default_factory=dict)      # path → target image (this plan)
+    staged: list = field(default_factory=list)       # _Staged files awaiting one syncfs
+    staged_bytes: int = 0
+
+
+@dataclass
+class _Staged:
+    dir_fd: int           # owned: closed when the batch lands
+    tmp: bytes
+    name: bytes
+    action: object
+    change: str
+
+
+# A batch of staged files lands after one syncfs instead of one fsync per file (10k
+# small files: ~4 s of fsyncs → one sync); the bounds cap the temp space and the work
+# a crash leaves for recovery (which sweeps temp names).
+STAGE_MAX_FILES = 2048
+STAGE_MAX_BYTES = 256 << 20
 
 
 def _twins(run: _Run, path: bytes) -> list[bytes]:
@@ -371,24 +390,64 @@ def _land_all(run: _Run, store_plan, items=None) -> RestoreResult:
         if _is_ignored(run.rules, action):
             result.counts["ignored"] += 1
             continue
+        if action.op == "meta" or action.image.link_group is not None:
+            # A directory's mtime is set after every rename into it; a hard link needs
+            # its group's first name in place.
+            _land_staged(run, result)
         try:
             if action.path in run.uncaptured:
                 raise run.uncaptured[action.path]
             change = _land_one(run, action)
         except (OSError, RewindfsError) as exc:
-            fail = _failure(action.path, exc)
-            result.failed.append(fail)
-            log.warning("rewind: %r not restored: %s", action.path, fail.message)
-            _emit(run, {"type": "rewind.failed", "path": action.path, "code": fail.code,
-                        "message": fail.message})
+            _record_failure(run, result, action.path, exc)
             continue
-        result.counts[change] += 1
-        if change != "unchanged":
-            kind = "rewind.deleted" if change == "deleted" else "rewind.written"
-            _emit(run, {"type": kind, "path": action.path, "op": action.op,
-                        "change": change})
+        if change == "staged":
+            if len(run.staged) >= STAGE_MAX_FILES or run.staged_bytes >= STAGE_MAX_BYTES:
+                _land_staged(run, result)
+            continue
+        _record_landed(run, result, action, change)
+    _land_staged(run, result)
     _fsync_dirs(run)
     return result
+
+
+def _record_landed(run: _Run, result: RestoreResult, action, change: str) -> None:
+    result.counts[change] += 1
+    if change != "unchanged":
+        kind = "rewind.deleted" if change == "deleted" else "rewind.written"
+        _emit(run, {"type": kind, "path": action.path, "op": action.op, "change": change})
+
+
+def _record_failure(run: _Run, result: RestoreResult, path: bytes, exc) -> None:
+    fail = _failure(path, exc)
+    result.failed.append(fail)
+    log.warning("rewind: %r not restored: %s", path, fail.message)
+    _emit(run, {"type": "rewind.failed", "path": path, "code": fail.code,
+                "message": fail.message})
+
+
+def _land_staged(run: _Run, result: RestoreResult) -> None:
+    """Make the staged batch durable with one ``syncfs``, then rename each into place.
+
+    Crash safety: until its rename a staged file exists only under a temp name (swept
+    by ``recover``); after ``syncfs`` its bytes are on disk, so the rename can only
+    expose the complete new version."""
+    if not run.staged:
+        return
+    batch, run.staged, run.staged_bytes = run.staged, [], 0
+    try:
+        syncfs(run.root_fd)
+        for st in batch:
+            try:
+                L.land_staged(st.dir_fd, st.tmp, st.name, st.action.path)
+            except (OSError, RewindfsError) as exc:
+                _record_failure(run, result, st.action.path, exc)
+                continue
+            _after_landing(run, st.dir_fd, st.name, st.action)
+            _record_landed(run, result, st.action, st.change)
+    finally:
+        for st in batch:
+            os.close(st.dir_fd)
 
 
 def _land_one(run: _Run, action) -> str:
@@ -404,14 +463,33 @@ def _land_one(run: _Run, action) -> str:
         if change != "unchanged":
             # Write-ahead: the state we replace is recorded before it is touched.
             capture(run.root_fd, run.store, run.ws, run.epoch, [action.path])
+            if _stageable(action, change):
+                tmp = L.stage_file(dir_fd, action.image, run.store, run.epoch, sync=False)
+                run.staged.append(_Staged(dir_fd, tmp, name, action, change))
+                run.staged_bytes += action.image.size
+                dir_fd = -1   # the batch owns it now
+                return "staged"
             _land(run, dir_fd, name, action, change)
-            run.dirty.add(split(action.path)[0])
-            if run.invalidate is not None:
-                run.invalidate(action.path)
-        _note_group(dir_fd, name, action.path, action.image, run.groups, inode_known=True)
+            _after_landing(run, dir_fd, name, action)
+        else:
+            _note_group(dir_fd, name, action.path, action.image, run.groups, inode_known=True)
         return change
     finally:
-        os.close(dir_fd)
+        if dir_fd >= 0:
+            os.close(dir_fd)
+
+
+def _stageable(action, change: str) -> bool:
+    """Plain file content (no hard-link group) can land in a batch."""
+    return (action.op == "write" and change in ("written", "created")
+            and action.image.link_group is None)
+
+
+def _after_landing(run: _Run, dir_fd: int, name: bytes, action) -> None:
+    run.dirty.add(split(action.path)[0])
+    if run.invalidate is not None:
+        run.invalidate(action.path)
+    _note_group(dir_fd, name, action.path, action.image, run.groups, inode_known=True)
 
 
 def _land(run: _Run, dir_fd: int, name: bytes, action, change: str) -> None:

@@ -25,6 +25,7 @@ import os
 import secrets
 import signal
 import stat
+import time
 
 import xxhash
 
@@ -102,15 +103,36 @@ def kind_of(st: os.stat_result | None) -> str:
     return "other"
 
 
+# Planning and landing a rewind both ask "does this file already hold the target
+# content?"; for a large file the second hash is a second full read.  Keys are kept
+# per inode *version* — (dev, ino, size, mtime, ctime) — and trusted only when the
+# file's ctime lies a safety margin before the hash began: ctime comes from a coarse
+# clock, so a write landing in the same tick as the hash could otherwise leave the
+# version unchanged (git's "racy clean" problem).
+_KEY_CACHE_MIN_SIZE = 8 << 20
+_KEY_CACHE_MARGIN_NS = 2_000_000_000
+_key_cache: dict[tuple, bytes] = {}
+
+
 def file_key(dir_fd: int, name: bytes) -> bytes:
     """xxh3-128 of a regular file's content (the store's blob key function)."""
     fd = os.open(name, _OPEN_META, dir_fd=dir_fd)
     try:
+        st = os.fstat(fd)
+        version = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        if version in _key_cache:
+            return _key_cache[version]
+        began = time.time_ns()
         h, off = xxhash.xxh3_128(), 0
         while chunk := os.pread(fd, _CHUNK, off):
             h.update(chunk)
             off += len(chunk)
-        return h.digest()
+        key = h.digest()
+        if st.st_size >= _KEY_CACHE_MIN_SIZE and st.st_ctime_ns < began - _KEY_CACHE_MARGIN_NS:
+            if len(_key_cache) >= 256:
+                _key_cache.clear()
+            _key_cache[version] = key
+        return key
     finally:
         os.close(fd)
 
@@ -248,6 +270,16 @@ def _rename_in(dir_fd: int, tmp: bytes, name: bytes, path: bytes) -> None:
 
 def land_file(dir_fd: int, name: bytes, img, store, epoch_id: int, path: bytes) -> None:
     """Write blob ``img.blob`` with its metadata under a temp name, fsync, rename."""
+    tmp = stage_file(dir_fd, img, store, epoch_id, sync=True)
+    land_staged(dir_fd, tmp, name, path)
+
+
+def stage_file(dir_fd: int, img, store, epoch_id: int, *, sync: bool) -> bytes:
+    """Write blob ``img.blob`` with its metadata under a new temp name in ``dir_fd`` and
+    return that name.  Without ``sync`` the data is not yet durable: the caller must
+    make it so (one ``syncfs`` for a whole batch is far cheaper than an ``fsync`` per
+    file) before ``land_staged`` renames it into place, or a crash could leave a torn
+    file under the real name."""
     tmp = temp_name(epoch_id)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                  0o600, dir_fd=dir_fd)
@@ -255,10 +287,20 @@ def land_file(dir_fd: int, name: bytes, img, store, epoch_id: int, path: bytes) 
         try:
             store.copy_blob_to_fd(img.blob, fd)
             set_meta_fd(fd, img)
-            os.fsync(fd)
+            if sync:
+                os.fsync(fd)
         finally:
             os.close(fd)
         fault_step()
+    except BaseException:
+        _unlink_quiet(dir_fd, tmp)
+        raise
+    return tmp
+
+
+def land_staged(dir_fd: int, tmp: bytes, name: bytes, path: bytes) -> None:
+    """Rename a durable staged temp file over ``name`` (atomic: old or new, never torn)."""
+    try:
         _rename_in(dir_fd, tmp, name, path)
     except BaseException:
         _unlink_quiet(dir_fd, tmp)
