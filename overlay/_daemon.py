@@ -58,6 +58,7 @@ class DaemonContext:
         self.shutdown = trio.Event()
         self._unmount_pending = False
         self._real_dev = os.fstat(root_fd).st_dev
+        self._token = None  # set by _run, once trio runs
 
     def _on_trio(self, fn, *args):
         if trio.lowlevel.in_trio_run():
@@ -66,8 +67,16 @@ class DaemonContext:
 
     def invalidate(self, relpath: bytes) -> None:
         """Drop kernel caches for *relpath* (its inode and its entry in the parent);
-        queued, never blocks; ``await invalidations_settled()`` to wait for them."""
-        self._on_trio(self.fs.invalidate, relpath)
+        queued, never blocks — also from a worker thread, where a blocking hop to the
+        trio thread per path cost a rewind of 3,000 files a fifth of its time.
+        ``run_sync_soon`` callbacks run in FIFO order before the worker's own result
+        is delivered, so once ``to_thread.run_sync`` returns, every path it queued has
+        reached ``fs.invalidate``; ``await invalidations_settled()`` then waits for the
+        kernel notifications themselves."""
+        if self._token is None or trio.lowlevel.in_trio_run():
+            self._on_trio(self.fs.invalidate, relpath)
+        else:
+            self._token.run_sync_soon(self.fs.invalidate, relpath)
 
     async def invalidations_settled(self) -> None:
         await self.fs.invalidations_settled()
@@ -262,6 +271,7 @@ async def _signals(ctx) -> None:
 
 
 async def _run(ctx, listener) -> None:
+    ctx._token = trio.lowlevel.current_trio_token()
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_fuse_main, ctx)
         nursery.start_soon(serve_control, ctx, listener)

@@ -23,7 +23,6 @@ import os
 import select
 
 import pyfuse3
-import trio
 
 log = logging.getLogger(__name__)
 
