@@ -8,6 +8,9 @@ workload runs ``--reps`` times per target, median and spread (min–max) printed
 Results are also written as JSON (``--out``).  Run as root (it mounts FUSE):
 
     .venv/bin/python scripts/bench.py [--reps 3] [--quick] [--out bench-results/bench.json]
+    .venv/bin/python scripts/bench.py --markdown bench-results/bench.json   # tables
+
+What each figure means and the last full run: docs/benchmarks.md.
 
 The passthrough example is taken from pyfuse3's source distribution at run time
 (``pip download --no-binary``) and never committed.

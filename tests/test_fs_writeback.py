@@ -20,6 +20,8 @@ from mountkit import mounted
 
 pytestmark = pytest.mark.mount
 
+_WB = {"REWINDFS_WRITEBACK": "1"}  # the default, pinned against the caller's environment
+
 
 def _real(ws_fd, name) -> bytes:
     """The bare file underneath the mount, read through a pre-mount fd (never the cache)."""
@@ -47,7 +49,7 @@ def test_buffered_write_lands_in_its_turn(tmp_path):
     (ws / "f").write_bytes(b"orig")
     ws_fd = os.open(ws, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        with mounted(ws, tmp_path / "store") as m:
+        with mounted(ws, tmp_path / "store", env=_WB) as m:
             assert m.call("status")["fs"]["writeback"] is True
             e1 = m.call("turn.begin", session="s", turn=1, label="one")["epoch"]
             fd = os.open(ws / "f", os.O_WRONLY)
@@ -94,7 +96,7 @@ def test_capture_failure_refuses_the_open(tmp_path, tiny_tmpfs, flags):
     (ws / "big").write_bytes(big)
     ws_fd = os.open(ws, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        with mounted(ws, tiny_tmpfs / "store") as m:
+        with mounted(ws, tiny_tmpfs / "store", env=_WB) as m:
             m.call("turn.begin", session="s", turn=1, label="full")
             with pytest.raises(OSError) as exc:
                 os.open(ws / "big", flags)         # the open itself fails closed
@@ -114,7 +116,7 @@ def test_times_pushed_after_unlink_are_not_errors(tmp_path):
     not turn into a writeback error that a later fsync/syncfs reports."""
     from overlay._sys import syncfs
     ws = tmp_path / "ws"
-    with mounted(ws, tmp_path / "store") as m:
+    with mounted(ws, tmp_path / "store", env=_WB) as m:
         m.call("turn.begin", session="s", turn=1, label="t")
         root = os.open(ws, os.O_RDONLY | os.O_DIRECTORY)
         try:
