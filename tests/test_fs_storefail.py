@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import errno
 import os
-import subprocess
 
 import pytest
 
+from tmpfskit import small_tmpfs
 from mountkit import mounted
 
 pytestmark = pytest.mark.mount
@@ -16,16 +16,9 @@ pytestmark = pytest.mark.mount
 
 @pytest.fixture
 def tiny_tmpfs(tmp_path):
-    """A 2 MiB tmpfs for the store; unmounted in finally."""
-    mnt = tmp_path / "tiny"
-    mnt.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)], check=True)
-    try:
+    """A 2 MiB tmpfs for the store."""
+    with small_tmpfs(tmp_path / "tiny", "2m") as mnt:
         yield mnt
-    finally:
-        subprocess.run(["umount", str(mnt)], check=False)
-        if os.path.ismount(mnt):
-            subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 def _write(path, data):
@@ -92,7 +85,7 @@ def test_store_error_is_eio_and_mount_survives(tmp_path):
     old = os.urandom(2 << 20)  # above the store's inline limit: needs the blob area
     (ws / "f").write_bytes(old)
     store = tmp_path / "store"
-    with mounted(ws, store) as m:
+    with mounted(ws, store):
         blobs = store / "blobs"
         os.makedirs(blobs, exist_ok=True)
         saved = blobs.with_name("blobs.saved")

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import errno
 import os
-import subprocess
 
 import pytest
 
+from tmpfskit import small_tmpfs
 from mountkit import mounted
 
 pytestmark = pytest.mark.mount
@@ -76,16 +76,9 @@ def test_buffered_write_lands_in_its_turn(tmp_path):
 
 @pytest.fixture
 def tiny_tmpfs(tmp_path):
-    """A 2 MiB tmpfs for the store; unmounted in finally."""
-    mnt = tmp_path / "tiny"
-    mnt.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)], check=True)
-    try:
+    """A 2 MiB tmpfs for the store."""
+    with small_tmpfs(tmp_path / "tiny", "2m") as mnt:
         yield mnt
-    finally:
-        subprocess.run(["umount", str(mnt)], check=False)
-        if os.path.ismount(mnt):
-            subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 @pytest.mark.parametrize("flags", [os.O_WRONLY, os.O_RDWR, os.O_WRONLY | os.O_APPEND])

@@ -14,7 +14,6 @@ import socket
 import threading
 
 import pytest
-import trio
 
 from plugin import (Client, DaemonUnreachable, NotMounted, Rewindfs, RewindfsClientError,
                     TrioClient, control_socket_path, find_socket)

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import errno
 import os
-import subprocess
 
 import pytest
+
+from tmpfskit import small_tmpfs
 
 from relkit import Daemon, ensure_unmounted
 from treesnap import compare, snapshot
@@ -26,15 +27,8 @@ N_FILES = 8
 
 @pytest.fixture
 def small_fs(tmp_path):
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mnt)], check=True)
-    try:
+    with small_tmpfs(tmp_path / "small", "8m") as mnt:
         yield mnt
-    finally:
-        subprocess.run(["umount", str(mnt)], check=False)
-        if os.path.ismount(mnt):
-            subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 def _real(ws_fd: int, name: str) -> bytes:

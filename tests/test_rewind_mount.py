@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import errno
 import os
 import random
 from types import SimpleNamespace

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import errno
 import os
-import subprocess
 
 import pytest
+
+from tmpfskit import small_tmpfs
 
 from store import PreImage, Store, StoreFull
 from store import _schema as S
@@ -33,13 +34,8 @@ def test_map_full_is_store_full(tmp_path, monkeypatch):
 @pytest.fixture
 def small_disk(tmp_path):
     """A real 4 MiB tmpfs (needs root, as the project's test machines have)."""
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)], check=True)
-    try:
+    with small_tmpfs(tmp_path / "small", "4m") as mnt:
         yield mnt
-    finally:
-        subprocess.run(["umount", str(mnt)], check=True)
 
 
 def test_disk_full_blob_is_store_full(small_disk):
