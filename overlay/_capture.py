@@ -33,7 +33,7 @@ from ._resolve import open_dir, open_parent
 
 log = logging.getLogger(__name__)
 
-__all__ = ["capture", "rename_paths", "snapshot", "snapshot_at", "subtree"]
+__all__ = ["capture", "capture_images", "rename_paths", "snapshot", "snapshot_at", "subtree"]
 
 _MISSING = (errno.ENOENT, errno.ENOTDIR)
 
@@ -158,6 +158,40 @@ def capture(root_fd: int, store, ws: int, epoch_id: int, relpaths, *,
         entries = [(path, _snapshot_via(parent, root_fd, path, store)) for path in todo]
     fresh = store.record(ws, epoch_id, entries)
     return [path for path, new in zip(todo, fresh) if new]
+
+
+def capture_images(root_fd: int, store, ws: int, epoch_id: int, relpaths, *,
+                   parent_at) -> dict[bytes, PreImage]:
+    """``capture`` for the restore engine: the same write-ahead contract (returns after
+    one committed ``store.record``; raises with nothing recorded), but returns
+    ``{path: image}`` of the paths newly recorded, in order, so the caller can judge
+    their state without looking again.  ``parent_at(relpath)`` returns ``(dir_fd,
+    name)`` with a *borrowed* fd (``_resolve.DirCache.parent``), not closed here."""
+    todo = []
+    seen = set()
+    for path in relpaths:
+        if path in seen:
+            continue
+        seen.add(path)
+        if not store.is_recorded(ws, epoch_id, path):
+            todo.append(path)
+    if not todo:
+        return {}
+    entries = [(path, _snapshot_borrowed(parent_at, root_fd, path, store)) for path in todo]
+    fresh = store.record(ws, epoch_id, entries)
+    return {path: img for (path, img), new in zip(entries, fresh) if new}
+
+
+def _snapshot_borrowed(parent_at, root_fd: int, relpath: bytes, store) -> PreImage:
+    if relpath == b"":
+        return snapshot(root_fd, relpath, store)
+    try:
+        dir_fd, name = parent_at(relpath)
+    except OSError as exc:
+        if exc.errno in _MISSING:
+            return PreImage.ABSENT
+        raise
+    return snapshot_at(dir_fd, name, store)
 
 
 def _snapshot_via(parent, root_fd: int, relpath: bytes, store) -> PreImage:

@@ -16,7 +16,7 @@ import stat
 
 from store._errors import BadPath, PathEscape
 
-__all__ = ["PathEscape", "check_components", "open_dir", "open_parent", "parent_of",
+__all__ = ["DirCache", "PathEscape", "check_components", "open_dir", "open_parent", "parent_of",
            "split"]
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -103,3 +103,91 @@ def parent_of(root_fd: int, relpath: bytes):
         yield dir_fd, name
     finally:
         os.close(dir_fd)
+
+
+class DirCache:
+    """Directory fds of one restore run, keyed by relpath, each reached by the same
+    ``O_NOFOLLOW`` walk as ``open_dir`` (component by component, from the nearest cached
+    ancestor, itself so reached from the root fd).
+
+    Why it is safe: a cached fd names the directory *inode* that the walk found, never
+    a path, so swapping a component for a symlink later cannot redirect it (the next
+    walk through an uncached part still refuses the symlink).  If the real directory is
+    renamed, the fd follows it; through the mount a directory cannot leave the tree
+    (a rename across mounts is ``EXDEV``), so writes stay in the workspace — the same
+    guarantee an uncached walk gives for the instant between its walk and its write.
+    A directory the run removes must be ``forget``-ed (its fd, and those below it).
+
+    Fds are *borrowed*: valid until the next ``trim``/``close``; ``forget`` retires
+    them to be closed at ``trim``, so an fd still held by a pending batch stays valid.
+    The cache never evicts on its own: the caller calls ``trim`` when it holds no
+    borrowed fd, and checks ``full`` to decide when to get there.
+    """
+
+    def __init__(self, root_fd: int, limit: int = 256):
+        self.root_fd, self.limit = root_fd, limit
+        self._fds: dict[bytes, int] = {b"": root_fd}     # the root fd is not ours
+        self._retired: list[int] = []
+
+    def dir(self, relpath: bytes) -> int:
+        """The borrowed fd of directory ``relpath`` (checked like ``open_dir``)."""
+        return self._dir(relpath, relpath)
+
+    def _dir(self, relpath: bytes, named: bytes) -> int:
+        fd = self._fds.get(relpath)
+        if fd is not None:
+            return fd
+        parts = check_components(relpath)
+        prefixes = [b"/".join(parts[:i]) for i in range(len(parts) + 1)]
+        at = len(parts)
+        while prefixes[at] not in self._fds:    # the deepest cached ancestor ("" is)
+            at -= 1
+        fd = self._fds[prefixes[at]]
+        for i in range(at, len(parts)):
+            fd = _open_component(fd, parts[i], named)
+            self._fds[prefixes[i + 1]] = fd
+        return fd
+
+    def parent(self, relpath: bytes) -> tuple[int, bytes]:
+        """``open_parent`` with a borrowed fd: ``(dir_fd, name)``; do not close it."""
+        if isinstance(relpath, bytes) and not relpath.startswith(b"/"):
+            head, _, name = relpath.rpartition(b"/")
+            fd = self._fds.get(head)    # keys are checked relpaths: only ``name`` is new
+            if fd is not None and name not in (b"", b".", b"..") and b"\0" not in name:
+                return fd, name
+        parts = check_components(relpath)
+        if not parts:
+            raise BadPath(path=relpath, reason="the root has no parent")
+        return self._dir(b"/".join(parts[:-1]), relpath), parts[-1]
+
+    def forget(self, relpath: bytes) -> None:
+        """``relpath`` was removed or replaced: drop it and everything cached below.
+        Cheap when ``relpath`` is not cached: an entry's ancestors are always cached
+        (walks insert them first, ``trim`` evicts whole subtrees)."""
+        if relpath and relpath in self._fds:
+            self._drop_subtree(relpath, self._retired)
+
+    def _drop_subtree(self, relpath: bytes, into: list[int]) -> None:
+        prefix = relpath + b"/"
+        for key in [k for k in self._fds if k == relpath or k.startswith(prefix)]:
+            into.append(self._fds.pop(key))
+
+    @property
+    def full(self) -> bool:
+        return len(self._fds) > self.limit
+
+    def trim(self) -> None:
+        """Close retired fds and, above the limit, the oldest entries (each with its
+        subtree)."""
+        while len(self._fds) > self.limit:
+            self._drop_subtree(next(k for k in self._fds if k), self._retired)
+        for fd in self._retired:
+            os.close(fd)
+        self._retired = []
+
+    def close(self) -> None:
+        self.trim()
+        for key, fd in list(self._fds.items()):
+            if key:
+                os.close(fd)
+        self._fds = {b"": self.root_fd}

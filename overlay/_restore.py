@@ -11,12 +11,15 @@ Contracts (DESIGN invariants 3–6, 11):
   same targets (the rewind epoch only touches paths the plan already touched).
 - Write-ahead: every path about to change — with its parent directory and the other
   names of a multiply-linked inode — is captured into the rewind epoch
-  (``_capture.capture``) in one batch before the first change, so the epoch records
-  the tree exactly as the rewind found it; every rewind is itself a point, and redo is
-  "rewind to the start of the newest rewind epoch".
-- Paths are resolved under ``root_fd`` only (``_resolve.open_parent``, ``O_NOFOLLOW``
-  components): a symlinked component fails that path with ``path-escape``; nothing is
-  written outside the workspace (invariant 4).
+  (``_capture.capture_images``: paths and parents in one commit, those other names in
+  a second) before the first change, so the epoch records the tree exactly as the
+  rewind found it; every rewind is itself a point, and redo is "rewind to the start of
+  the newest rewind epoch".  The images taken then also decide whether a plain file
+  needs landing (no second look).
+- Paths are resolved under ``root_fd`` only (``_resolve.DirCache``: each directory
+  opened once per run by an ``O_NOFOLLOW`` walk, forgotten when the run removes it): a
+  symlinked component fails that path with ``path-escape``; nothing is written outside
+  the workspace (invariant 4).
 - Deletions: only ``delete`` actions (recorded ``absent`` targets) remove anything, and
   a directory only when empty; ignored paths (``.rewindignore``) are never touched.
 - A path that cannot be restored is named in ``RestoreResult.failed``; the others still
@@ -32,17 +35,19 @@ Blocking and synchronous; the daemon runs it in a worker thread.  Test hook:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import resource
 from dataclasses import dataclass, field
 
 from store import NothingToRedo, Plan, RewindfsError, TurnOpen
 from store._preimage import check_relpath
 
 from . import _restore_land as L
-from ._capture import capture
+from ._capture import capture, capture_images
 from ._ignore import IgnoreRules
-from ._resolve import open_dir, open_parent, split
+from ._resolve import DirCache, split
 from ._restore_links import InodeIndex, parse_group
 from ._sys import syncfs
 
@@ -175,29 +180,39 @@ def plan_rewind(root_fd: int, store, ws: int, to, *, paths=None,
     target = store.resolve_point(ws, to, session)
     plan = store.plan(ws, target, requested)
     rules, groups, items = IgnoreRules.load(root_fd), _Groups(), []
-    for action in plan:
-        items.append(PlannedAction(action, _classify(root_fd, action, rules, groups)))
+    dirs = _dir_cache(root_fd)
+    try:
+        for action in plan:
+            items.append(PlannedAction(action, _classify(dirs, action, rules, groups)))
+    finally:
+        dirs.close()
     return RewindPlan(target, plan, items, _foreign(store, ws, target, requested, session),
                       requested)
 
 
-def _classify(root_fd, action, rules, groups) -> str:
+def _classify(dirs: DirCache, action, rules, groups) -> str:
     if _is_ignored(rules, action):
         return "ignored"
     try:
-        dir_fd, name = open_parent(root_fd, action.path)
+        dir_fd, name = dirs.parent(action.path)
     except (FileNotFoundError, NotADirectoryError):
         # No parent yet: an earlier action creates it (or its failure shows up then).
         return "created" if action.op not in ("delete", "meta") else "unchanged"
     except (OSError, RewindfsError):
         return "written"    # applying will name the failure (e.g. path-escape)
-    try:
-        change = _assess(dir_fd, name, action, groups)
-        _note_group(dir_fd, name, action.path, action.image, groups,
-                    inode_known=change == "unchanged")
-        return change
-    finally:
-        os.close(dir_fd)
+    change = _assess(dir_fd, name, action, groups)
+    _note_group(dir_fd, name, action.path, action.image, groups,
+                inode_known=change == "unchanged")
+    if dirs.full:
+        dirs.trim()
+    return change
+
+
+def _dir_cache(root_fd: int) -> DirCache:
+    """A run's directory fds: at most a quarter of the fd limit, at most 4096."""
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    limit = 4096 if soft == resource.RLIM_INFINITY else max(16, min(4096, soft // 4))
+    return DirCache(root_fd, limit)
 
 
 def _foreign(store, ws, target, paths, session):
@@ -233,8 +248,11 @@ class _Run:
     progress: object
     invalidate: object
     rules: IgnoreRules
+    dirs: DirCache
     inodes: InodeIndex | None = None
     groups: _Groups = field(default_factory=_Groups)
+    seen: dict = field(default_factory=dict)         # path → image the precapture took
+    captured: set = field(default_factory=set)       # paths recorded before any change
     dirty: set = field(default_factory=set)
     uncaptured: dict = field(default_factory=dict)   # path → why its capture failed
     targets: dict = field(default_factory=dict)      # path → target image (this plan)
@@ -244,7 +262,7 @@ class _Run:
 
 @dataclass
 class _Staged:
-    dir_fd: int           # owned: closed when the batch lands
+    dir_fd: int           # borrowed from run.dirs (trimmed only after the batch lands)
     tmp: bytes
     name: bytes
     action: object
@@ -253,21 +271,26 @@ class _Staged:
 
 # A batch of staged files lands after one syncfs instead of one fsync per file (10k
 # small files: ~4 s of fsyncs → one sync); the bounds cap the temp space and the work
-# a crash leaves for recovery (which sweeps temp names).
-STAGE_MAX_FILES = 2048
+# a crash leaves for recovery (which sweeps temp names).  The file bound is high on
+# purpose: every rename frees the replaced inode, and ext4 without a journal makes each
+# later create scan past every inode freed in the last 30 s (``recently_deleted``), so
+# creating batch k+1 after landing batch k grows quadratically (10k files in batches
+# of 2,048: ~1 s of creates; in one batch: ~0.15 s).  A staged file costs ~200 bytes.
+STAGE_MAX_FILES = 32768
 STAGE_MAX_BYTES = 256 << 20
 
 
 def _twins(run: _Run, path: bytes) -> list[bytes]:
     """Other names of ``path``'s inode, if it is a file with more than one link."""
+    img = run.seen.get(path)
+    if img is not None:
+        key = parse_group(img.link_group) if img.kind == "file" else None
+        return [] if key is None else [p for p in run.inodes.names(*key) if p != path]
     try:
-        dir_fd, name = open_parent(run.root_fd, path)
+        dir_fd, name = run.dirs.parent(path)
     except (OSError, RewindfsError):
         return []
-    try:
-        st = L.lstat_at(dir_fd, name)
-    finally:
-        os.close(dir_fd)
+    st = L.lstat_at(dir_fd, name)
     if st is None or L.kind_of(st) != "file" or st.st_nlink < 2:
         return []
     return [p for p in run.inodes.names(st.st_dev, st.st_ino) if p != path]
@@ -289,23 +312,20 @@ def _adopt_group(run: _Run, img) -> None:
         if getattr(mine, "link_group", None) != img.link_group:
             continue
         try:
-            dir_fd, name = open_parent(run.root_fd, other)
+            dir_fd, name = run.dirs.parent(other)
         except (OSError, RewindfsError):
             continue
-        try:
-            st = L.lstat_at(dir_fd, name)
-            if (st is not None and (st.st_dev, st.st_ino) == key and L.kind_of(st) == "file"
-                    and st.st_size == img.size and L.file_key(dir_fd, name) == img.blob):
-                run.groups.first[img.link_group] = (other, st.st_ino)
-                return
-        finally:
-            os.close(dir_fd)
+        st = L.lstat_at(dir_fd, name)
+        if (st is not None and (st.st_dev, st.st_ino) == key and L.kind_of(st) == "file"
+                and st.st_size == img.size and L.file_key(dir_fd, name) == img.blob):
+            run.groups.first[img.link_group] = (other, st.st_ino)
+            return
 
 
 def _new_run(root_fd, store, ws, epoch_id, progress, invalidate) -> _Run:
     rules = IgnoreRules.load(root_fd)
     return _Run(root_fd, store, ws, epoch_id, progress, invalidate, rules,
-                InodeIndex(root_fd, rules))
+                _dir_cache(root_fd), InodeIndex(root_fd, rules))
 
 
 def _precapture(run: _Run, paths: list[bytes]) -> None:
@@ -313,19 +333,32 @@ def _precapture(run: _Run, paths: list[bytes]) -> None:
     change: the rewind epoch then holds one consistent picture of the tree as it was
     (a name's link count or a directory's mtime changes when a *neighbour* lands, so
     capturing each path just before its own landing would record a half-done state).
-    A path whose capture fails is kept out of the landing (fail closed)."""
-    todo = {q for p in paths for q in (split(p)[0], p) if q}
-    for p in paths:
-        todo.update(_twins(run, p))
-    todo = sorted(todo)
+    A path whose capture fails is kept out of the landing (fail closed).
+
+    The images taken here (``run.seen``) also tell the landing what each path holds
+    now, so it need not look again; the other names of a multiply-linked file follow in
+    a second commit, still before the first change."""
+    todo = sorted({q for p in paths for q in (split(p)[0], p) if q})
+    _capture_all(run, todo)
+    twins = {t for p in paths if p not in run.uncaptured for t in _twins(run, p)}
+    _capture_all(run, sorted(twins - run.captured))
+
+
+def _capture_all(run: _Run, todo: list[bytes]) -> None:
+    if not todo:
+        return
     try:
-        capture(run.root_fd, run.store, run.ws, run.epoch, todo)
+        run.seen.update(capture_images(run.root_fd, run.store, run.ws, run.epoch, todo,
+                                       parent_at=run.dirs.parent))
+        run.captured.update(todo)
         return
     except (OSError, RewindfsError):
         log.debug("batch capture failed; capturing one by one to name the culprits")
     for path in todo:
         try:
-            capture(run.root_fd, run.store, run.ws, run.epoch, [path])
+            run.seen.update(capture_images(run.root_fd, run.store, run.ws, run.epoch,
+                                           [path], parent_at=run.dirs.parent))
+            run.captured.add(path)
         except (OSError, RewindfsError) as exc:
             run.uncaptured[path] = exc
 
@@ -350,8 +383,11 @@ def apply_plan(root_fd: int, store, ws: int, plan, *, session: str | None,
     store.put_intent(ws, {"v": 1, "epoch": epoch.id, "target": store_plan.target,
                           "paths": requested, "session": session})
     items = plan.items if isinstance(plan, RewindPlan) else None
-    result = _land_all(_new_run(root_fd, store, ws, epoch.id, progress, invalidate),
-                       store_plan, items)
+    run = _new_run(root_fd, store, ws, epoch.id, progress, invalidate)
+    try:
+        result = _land_all(run, store_plan, items)
+    finally:
+        run.dirs.close()
     store.end_rewind(ws)
     _notify(epoch_changed)
     store.clear_intent(ws)
@@ -382,7 +418,7 @@ def _land_all(run: _Run, store_plan, items=None) -> RestoreResult:
     _report_damaged(run, store_plan, result)
     if items is None:
         groups = _Groups()
-        items = [PlannedAction(a, _classify(run.root_fd, a, run.rules, groups))
+        items = [PlannedAction(a, _classify(run.dirs, a, run.rules, groups))
                  for a in store_plan]
     _precapture(run, [it.action.path for it in items
                       if it.change not in ("unchanged", "ignored")])
@@ -390,9 +426,10 @@ def _land_all(run: _Run, store_plan, items=None) -> RestoreResult:
         if _is_ignored(run.rules, action):
             result.counts["ignored"] += 1
             continue
-        if action.op == "meta" or action.image.link_group is not None:
+        if action.op == "meta" or action.image.link_group is not None or run.dirs.full:
             # A directory's mtime is set after every rename into it; a hard link needs
-            # its group's first name in place.
+            # its group's first name in place; the dir fds a batch holds are only
+            # released (trimmed) after it lands.
             _land_staged(run, result)
         try:
             if action.path in run.uncaptured:
@@ -433,50 +470,94 @@ def _land_staged(run: _Run, result: RestoreResult) -> None:
     by ``recover``); after ``syncfs`` its bytes are on disk, so the rename can only
     expose the complete new version."""
     if not run.staged:
+        run.dirs.trim()
         return
     batch, run.staged, run.staged_bytes = run.staged, [], 0
-    try:
-        syncfs(run.root_fd)
-        for st in batch:
-            try:
-                L.land_staged(st.dir_fd, st.tmp, st.name, st.action.path)
-            except (OSError, RewindfsError) as exc:
-                _record_failure(run, result, st.action.path, exc)
-                continue
-            _after_landing(run, st.dir_fd, st.name, st.action)
-            _record_landed(run, result, st.action, st.change)
-    finally:
-        for st in batch:
-            os.close(st.dir_fd)
+    syncfs(run.root_fd)
+    landed = []
+    for st in batch:
+        try:
+            if L.land_staged_over(st.dir_fd, st.tmp, st.name, st.action.path):
+                run.dirs.forget(st.action.path)     # an empty directory was in the way
+        except (OSError, RewindfsError) as exc:
+            _record_failure(run, result, st.action.path, exc)
+            continue
+        landed.append(st)
+    # Invalidations and events after the renames, not between them: in the daemon each
+    # one wakes other threads, and interleaved they slowed every rename on the GIL.
+    for st in landed:
+        _after_landing(run, st.dir_fd, st.name, st.action)
+        _record_landed(run, result, st.action, st.change)
+    run.dirs.trim()
 
 
 def _land_one(run: _Run, action) -> str:
     try:
-        dir_fd, name = open_parent(run.root_fd, action.path)
+        dir_fd, name = run.dirs.parent(action.path)
     except (FileNotFoundError, NotADirectoryError):
         if action.op in ("delete", "meta"):
             return "unchanged"  # no parent: already absent / its mkdir failed (reported)
         raise
-    try:
-        _adopt_group(run, action.image)
+    _adopt_group(run, action.image)
+    change = _seen_change(run, action)
+    if change is None:
         change = _assess(dir_fd, name, action, run.groups)
-        if change != "unchanged":
-            # Write-ahead: the state we replace is recorded before it is touched.
-            capture(run.root_fd, run.store, run.ws, run.epoch, [action.path])
-            if _stageable(action, change):
-                tmp = L.stage_file(dir_fd, action.image, run.store, run.epoch, sync=False)
-                run.staged.append(_Staged(dir_fd, tmp, name, action, change))
-                run.staged_bytes += action.image.size
-                dir_fd = -1   # the batch owns it now
-                return "staged"
-            _land(run, dir_fd, name, action, change)
-            _after_landing(run, dir_fd, name, action)
-        else:
-            _note_group(dir_fd, name, action.path, action.image, run.groups, inode_known=True)
+    if change == "unchanged":
+        _note_group(dir_fd, name, action.path, action.image, run.groups, inode_known=True)
         return change
+    if action.path not in run.captured:
+        # Write-ahead: the state we replace is recorded before it is touched.
+        capture(run.root_fd, run.store, run.ws, run.epoch, [action.path],
+                parent=_borrowed(run.dirs))
+    if _stageable(action, change):
+        tmp = L.stage_file(dir_fd, action.image, run.store, run.epoch, sync=False)
+        run.staged.append(_Staged(dir_fd, tmp, name, action, change))
+        run.staged_bytes += action.image.size
+        return "staged"
+    try:
+        _land(run, dir_fd, name, action, change)
     finally:
-        if dir_fd >= 0:
-            os.close(dir_fd)
+        if action.op != "meta":
+            # It may have removed or replaced a directory: no fd of it (or below) survives.
+            run.dirs.forget(action.path)
+    _after_landing(run, dir_fd, name, action)
+    return change
+
+
+def _seen_change(run: _Run, action) -> str | None:
+    """``_assess`` from the image the precapture took of a plain file's current state
+    (nothing in this run changes such a path before its own landing), or None to look.
+
+    Only a write of a file with no link group over an entry that is not a directory
+    and has one link qualifies; everything else (directories, whose mtimes move as
+    neighbours land; hard links) is looked at again."""
+    cur, img = run.seen.get(action.path), action.image
+    if cur is None or action.op != "write" or img.link_group is not None:
+        return None
+    if cur.kind == "absent":
+        return "created"
+    if cur.kind == "dir" or cur.link_group is not None:
+        return None
+    if cur.kind != "file" or cur.size != img.size or cur.blob != img.blob:
+        return "written"
+    return "unchanged" if _image_meta_equal(img, cur) else "meta"
+
+
+def _image_meta_equal(img, cur) -> bool:
+    """``L.meta_equal`` on a captured image instead of a stat."""
+    if cur.mode != img.mode or cur.mtime_ns != img.mtime_ns:
+        return False
+    if L.can_chown() and (cur.uid, cur.gid) != (img.uid, img.gid):
+        return False
+    return L.xattrs_match(img, dict(cur.xattrs))
+
+
+def _borrowed(dirs: DirCache):
+    """``capture``'s ``parent`` context manager over a run's borrowed dir fds."""
+    @contextlib.contextmanager
+    def parent(relpath):
+        yield dirs.parent(relpath)
+    return parent
 
 
 def _stageable(action, change: str) -> bool:
@@ -519,11 +600,8 @@ def _land_file(run: _Run, dir_fd: int, name: bytes, action, change: str) -> None
     if change == "meta":
         L.set_meta_at(dir_fd, name, img, path)
     elif first is not None:
-        src_fd, src_name = open_parent(run.root_fd, first[0])
-        try:
-            L.land_link(dir_fd, name, src_fd, src_name, run.epoch, path)
-        finally:
-            os.close(src_fd)
+        src_fd, src_name = run.dirs.parent(first[0])
+        L.land_link(dir_fd, name, src_fd, src_name, run.epoch, path)
         # The inode's metadata is shared; a name adopted from outside the plan may
         # carry metadata from after the point.
         st = L.lstat_at(dir_fd, name)
@@ -552,13 +630,12 @@ def _fsync_dirs(run: _Run) -> None:
     """Make the renames durable before the intent is cleared (one fsync per dir)."""
     for rel in sorted(run.dirty):
         try:
-            fd = open_dir(run.root_fd, rel)
+            fd = run.dirs.dir(rel)
         except (OSError, RewindfsError):
             continue
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        os.fsync(fd)
+        if run.dirs.full:
+            run.dirs.trim()
 
 
 # -- recovery -----------------------------------------------------------------------
@@ -580,8 +657,11 @@ def recover(root_fd: int, store, ws: int, *, progress=None, invalidate=None,
     plan = store.plan(ws, target, intent.get("paths"))
     run = _new_run(root_fd, store, ws, rewind_id if still_open else current.id, progress,
                    invalidate)
-    _sweep(root_fd, plan)
-    result = _land_all(run, plan, None)
+    try:
+        _sweep(run.dirs, plan)
+        result = _land_all(run, plan, None)
+    finally:
+        run.dirs.close()
     result.epoch = rewind_id
     if still_open:
         store.end_rewind(ws)
@@ -590,13 +670,12 @@ def recover(root_fd: int, store, ws: int, *, progress=None, invalidate=None,
     return result
 
 
-def _sweep(root_fd: int, plan) -> None:
+def _sweep(dirs: DirCache, plan) -> None:
     for rel in sorted({split(p)[0] for p in plan.paths}):
         try:
-            fd = open_dir(root_fd, rel)
+            fd = dirs.dir(rel)
         except (OSError, RewindfsError):
             continue
-        try:
-            L.sweep_temps(fd)
-        finally:
-            os.close(fd)
+        L.sweep_temps(fd)
+        if dirs.full:
+            dirs.trim()

@@ -174,19 +174,24 @@ def meta_equal(img, st: os.stat_result, xattrs: dict[bytes, bytes]) -> bool:
         return False
     if can_chown() and (st.st_uid, st.st_gid) != (img.uid, img.gid):
         return False
-    managed = {n: v for n, v in xattrs.items() if n.startswith(_MANAGED_XATTR)}
+    return xattrs_match(img, xattrs)
+
+
+def xattrs_match(img, xattrs: dict[bytes, bytes]) -> bool:
+    """Every xattr of ``img`` is in ``xattrs`` with its value, and no other managed one."""
     wanted = dict(img.xattrs)
     for n, v in wanted.items():
         if xattrs.get(n) != v:
             return False
-    return all(n in wanted for n in managed)
+    return all(n in wanted for n in xattrs if n.startswith(_MANAGED_XATTR))
 
 
 # -- applying metadata --------------------------------------------------------------
 
-def _set_xattrs_fd(fd: int, img) -> None:
+def _set_xattrs_fd(fd: int, img, *, fresh: bool = False) -> None:
+    # A file we just created (O_EXCL) has no user./trusted. names to remove.
     wanted = dict(img.xattrs)
-    for n in os.listxattr(fd):
+    for n in () if fresh else os.listxattr(fd):
         nb = os.fsencode(n)
         if nb.startswith(_MANAGED_XATTR) and nb not in wanted:
             os.removexattr(fd, nb)
@@ -201,12 +206,13 @@ def _chown_fd(fd: int, img) -> None:
         log.debug("owner %d:%d not permitted; kept", img.uid, img.gid)
 
 
-def set_meta_fd(fd: int, img) -> None:
+def set_meta_fd(fd: int, img, *, fresh: bool = False) -> None:
     """Owner, mode, xattrs, mtime on an open fd — in that order (chown clears set-id
-    bits, and every other change would bump the mtime again)."""
+    bits, and every other change would bump the mtime again).  ``fresh``: the file was
+    just created by us, so it carries no managed xattrs to remove."""
     _chown_fd(fd, img)
     os.fchmod(fd, img.mode)
-    _set_xattrs_fd(fd, img)
+    _set_xattrs_fd(fd, img, fresh=fresh)
     os.utime(fd, ns=(img.mtime_ns, img.mtime_ns))
 
 
@@ -286,7 +292,7 @@ def stage_file(dir_fd: int, img, store, epoch_id: int, *, sync: bool) -> bytes:
     try:
         try:
             store.copy_blob_to_fd(img.blob, fd)
-            set_meta_fd(fd, img)
+            set_meta_fd(fd, img, fresh=True)
             if sync:
                 os.fsync(fd)
         finally:
@@ -305,6 +311,23 @@ def land_staged(dir_fd: int, tmp: bytes, name: bytes, path: bytes) -> None:
     except BaseException:
         _unlink_quiet(dir_fd, tmp)
         raise
+
+
+def land_staged_over(dir_fd: int, tmp: bytes, name: bytes, path: bytes) -> bool:
+    """``land_staged`` for the common case, one syscall: rename first, and only if a
+    directory is in the way (``EISDIR``) remove it (if empty) and rename again.  Returns
+    True when a directory was removed."""
+    try:
+        try:
+            os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        except IsADirectoryError:
+            _rename_in(dir_fd, tmp, name, path)
+            return True
+    except BaseException:
+        _unlink_quiet(dir_fd, tmp)
+        raise
+    fault_step()
+    return False
 
 
 def land_link(dir_fd: int, name: bytes, src_dir_fd: int, src_name: bytes, epoch_id: int,
