@@ -142,14 +142,7 @@ def capture(root_fd: int, store, ws: int, epoch_id: int, relpaths, *,
     a path (the filesystem passes its cached directory fds); the default walks from the
     root with ``open_parent``.
     """
-    todo = []
-    seen = set()
-    for path in relpaths:
-        if path in seen:
-            continue
-        seen.add(path)
-        if not store.is_recorded(ws, epoch_id, path):
-            todo.append(path)
+    todo = _unrecorded(store, ws, epoch_id, relpaths)
     if not todo:
         return []
     if parent is None:
@@ -160,6 +153,17 @@ def capture(root_fd: int, store, ws: int, epoch_id: int, relpaths, *,
     return [path for path, new in zip(todo, fresh) if new]
 
 
+def _unrecorded(store, ws: int, epoch_id: int, relpaths) -> list[bytes]:
+    """The distinct paths of *relpaths*, in order, with no pre-image in the epoch yet."""
+    todo, seen = [], set()
+    for path in relpaths:
+        if path not in seen:
+            seen.add(path)
+            if not store.is_recorded(ws, epoch_id, path):
+                todo.append(path)
+    return todo
+
+
 def capture_images(root_fd: int, store, ws: int, epoch_id: int, relpaths, *,
                    parent_at) -> dict[bytes, PreImage]:
     """``capture`` for the restore engine: the same write-ahead contract (returns after
@@ -167,14 +171,7 @@ def capture_images(root_fd: int, store, ws: int, epoch_id: int, relpaths, *,
     ``{path: image}`` of the paths newly recorded, in order, so the caller can judge
     their state without looking again.  ``parent_at(relpath)`` returns ``(dir_fd,
     name)`` with a *borrowed* fd (``_resolve.DirCache.parent``), not closed here."""
-    todo = []
-    seen = set()
-    for path in relpaths:
-        if path in seen:
-            continue
-        seen.add(path)
-        if not store.is_recorded(ws, epoch_id, path):
-            todo.append(path)
+    todo = _unrecorded(store, ws, epoch_id, relpaths)
     if not todo:
         return {}
     entries = [(path, _snapshot_borrowed(parent_at, root_fd, path, store)) for path in todo]
