@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import time
+from contextlib import contextmanager
 
 import pytest
 
@@ -155,36 +156,41 @@ def test_mount_warns_when_cwd_is_inside(dirs):
         assert cli("unmount", ws, store=store).returncode == 0
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-def test_signals_unmount_cleanly(dirs, sig):
-    ws, store = dirs
+@contextmanager
+def _foreground_daemon(ws, store):
+    """``rewindfs mount --foreground`` as a child process; whatever the test did, the
+    child is gone and nothing is left mounted afterwards (kill and lazy unmount only
+    as a last resort)."""
     proc = subprocess.Popen([PYTHON, "-m", "overlay.cli", "--store", str(store), "mount",
                              str(ws), "--foreground"], cwd=ROOT,
                             env=dict(os.environ, PYTHONPATH=str(ROOT)),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        wait_until(lambda: is_rewindfs_mount(ws) or proc.poll() is not None, "mount")
-        assert is_rewindfs_mount(ws)
-        (ws / "x").write_text("1")
-        proc.send_signal(sig)
-        assert proc.wait(timeout=30) == 0
-        assert not is_rewindfs_mount(ws)
+        yield proc
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
         if is_rewindfs_mount(ws):
             subprocess.run(["fusermount3", "-uz", str(ws)])
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_signals_unmount_cleanly(dirs, sig):
+    ws, store = dirs
+    with _foreground_daemon(ws, store) as proc:
+        wait_until(lambda: is_rewindfs_mount(ws) or proc.poll() is not None, "mount")
+        assert is_rewindfs_mount(ws)
+        (ws / "x").write_text("1")
+        proc.send_signal(sig)
+        assert proc.wait(timeout=30) == 0
+        assert not is_rewindfs_mount(ws)
     assert (ws / "x").read_text() == "1"
 
 
 def test_stale_mount_is_refused_then_recovered(dirs):
     ws, store = dirs
-    proc = subprocess.Popen([PYTHON, "-m", "overlay.cli", "--store", str(store), "mount",
-                             str(ws), "--foreground"], cwd=ROOT,
-                            env=dict(os.environ, PYTHONPATH=str(ROOT)),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
+    with _foreground_daemon(ws, store) as proc:
         wait_until(lambda: is_rewindfs_mount(ws), "mount")
         proc.kill()  # a dead daemon leaves ENOTCONN behind
         proc.wait()
@@ -198,20 +204,11 @@ def test_stale_mount_is_refused_then_recovered(dirs):
         (ws / "after").write_text("ok")
         assert cli("unmount", ws, store=store).returncode == 0
         assert (ws / "after").read_text() == "ok"
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        if is_rewindfs_mount(ws):
-            subprocess.run(["fusermount3", "-uz", str(ws)])
 
 
 def test_external_fusermount_unmount_ends_the_daemon_cleanly(dirs):
     ws, store = dirs
-    proc = subprocess.Popen([PYTHON, "-m", "overlay.cli", "--store", str(store), "mount",
-                             str(ws), "--foreground"], cwd=ROOT,
-                            env=dict(os.environ, PYTHONPATH=str(ROOT)),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
+    with _foreground_daemon(ws, store) as proc:
         wait_until(lambda: is_rewindfs_mount(ws), "mount")
         (ws / "f").write_text("x")
         assert subprocess.run(["fusermount3", "-u", str(ws)]).returncode == 0
@@ -219,9 +216,3 @@ def test_external_fusermount_unmount_ends_the_daemon_cleanly(dirs):
         assert not is_rewindfs_mount(ws)
         from overlay._paths import control_socket_path
         assert not os.path.exists(control_socket_path(store, ws))  # socket removed
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        if is_rewindfs_mount(ws):
-            subprocess.run(["fusermount3", "-uz", str(ws)])

@@ -22,6 +22,7 @@ import threading
 
 import pytest
 
+from store_fixtures import assert_sound
 from mountkit import cli, mounted
 from treesnap import compare, snapshot
 
@@ -175,7 +176,7 @@ def test_cli_readers_do_not_block_capture_or_see_torn_data(tmp_path):
         assert busy.error is None, repr(busy.error)
         m.call("turn.end")
         with m.open_store() as s:
-            assert s.fsck().ok
+            assert_sound(s)
 
 
 def _check_whole(args, recs, busy: Busy) -> None:
@@ -215,4 +216,4 @@ def test_concurrent_rewinds_are_serialised(tmp_path):
         assert len(rewinds) == 2 and rewinds[0]["ended_ns"] <= rewinds[1]["started_ns"]
         assert compare(snaps[rewinds[1]["target"]], snapshot(ws)) == []
         with m.open_store() as s:
-            assert s.fsck().ok
+            assert_sound(s)

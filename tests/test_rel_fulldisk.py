@@ -14,6 +14,7 @@ import os
 
 import pytest
 
+from store_fixtures import assert_sound
 from tmpfskit import small_tmpfs
 
 from relkit import Daemon, ensure_unmounted
@@ -85,8 +86,7 @@ def test_store_fills_mid_turn_then_recovers(tmp_path, small_fs):
         assert res["failed"] == [], res
         assert compare(base, snapshot(ws)) == []
         with _open(store) as s:
-            report = s.fsck()
-            assert report.ok, [p.to_dict() for p in report.errors]
+            assert_sound(s)
         assert daemon.stop() == 0
     finally:
         os.close(ws_fd)
@@ -146,8 +146,7 @@ def test_store_fills_during_a_rewind(tmp_path, small_fs):
         assert res["failed"] == [], res
         assert compare(partial, snapshot(ws)) == []
         with _open(store) as s:
-            report = s.fsck()
-            assert report.ok, [p.to_dict() for p in report.errors]
+            assert_sound(s)
         assert daemon.stop() == 0
     finally:
         os.close(ws_fd)
