@@ -19,9 +19,10 @@ from ._session import AmbiguousPoint, BadSession, SessionConflict
 from ._store import Store
 
 __all__ = [
-    "Action", "AmbiguousPoint", "IndexCorrupt", "BadPath", "BadPoint", "BadSession", "BlobCollision",
+    "Action", "AmbiguousPoint", "BadPath", "BadPoint", "BadSession", "BlobCollision",
     "BlobCorrupt", "BlobMissing", "Epoch", "EpochClosed", "FsckReport", "GcReport",
-    "NothingToRedo", "PathEscape", "Plan", "PreImage", "Problem", "RewindfsError",
-    "SchemaTooNew", "SessionConflict", "Store", "StoreError", "StoreFull", "StoreInsideWorkspace", "TurnOpen", "UnknownPoint",
+    "IndexCorrupt", "NothingToRedo", "PathEscape", "Plan", "PreImage", "Problem",
+    "RewindfsError", "SchemaTooNew", "SessionConflict", "Store", "StoreError", "StoreFull",
+    "StoreInsideWorkspace", "TurnOpen", "UnknownPoint",
     "check_relpath", "default_store_path",
 ]

@@ -167,21 +167,22 @@ class BlobArea:
     def _commit_inline(self, key: bytes, data: bytes) -> tuple[bytes, int]:
         with _txn.write(self.env) as txn:
             raw = txn.get(key, db=self.db)
-            if raw is not None and not self._accept_existing(key, S.unpack(raw), len(data), data, None):
-                self._drop_file(key, S.unpack(raw))
-                raw = None
-            if raw is None:
-                txn.put(key, S.pack([len(data), S.INLINE, time.time_ns(), data]), db=self.db)
+            old = None if raw is None else S.unpack(raw)
+            if old is not None and self._accept_existing(key, old, len(data), data, None):
+                self._touch(txn, key, old)
             else:
-                self._touch(txn, key, S.unpack(raw))
+                if old is not None:
+                    self._drop_file(key, old)
+                txn.put(key, S.pack([len(data), S.INLINE, time.time_ns(), data]), db=self.db)
         return key, len(data)
 
     def _commit_file(self, key: bytes, size: int, tmp_path: str) -> tuple[bytes, int]:
         try:
             with _txn.write(self.env) as txn:
                 raw = txn.get(key, db=self.db)
-                if raw is not None and self._accept_existing(key, S.unpack(raw), size, None, tmp_path):
-                    self._touch(txn, key, S.unpack(raw))
+                old = None if raw is None else S.unpack(raw)
+                if old is not None and self._accept_existing(key, old, size, None, tmp_path):
+                    self._touch(txn, key, old)
                     return key, size
                 final = self.file_path(key)
                 os.makedirs(os.path.dirname(final), exist_ok=True)
@@ -200,7 +201,7 @@ class BlobArea:
         if entry[0] == size and self._same_content(key, entry, data, path):
             return True
         try:
-            self._verified_bytes_iter_check(key, entry)
+            self.check(key, entry)
         except (BlobCorrupt, BlobMissing):
             log.warning("blob %s was corrupt; replaced by a fresh copy", key.hex())
             return False
@@ -257,10 +258,6 @@ class BlobArea:
         if h.digest() != key:
             raise BlobCorrupt(key=key.hex(), reason="content does not match its hash")
 
-    def _verified_bytes_iter_check(self, key, entry) -> None:
-        for _ in self.iter_verified(key, entry):
-            pass
-
     def read(self, key: bytes) -> bytes:
         return b"".join(self.iter_verified(key))
 
@@ -272,9 +269,10 @@ class BlobArea:
                 n += len(chunk)
         return n
 
-    def check(self, key: bytes) -> None:
+    def check(self, key: bytes, entry=None) -> None:
         """Raise ``BlobMissing``/``BlobCorrupt`` unless the blob reads back intact."""
-        self._verified_bytes_iter_check(key, self.entry(key))
+        for _ in self.iter_verified(key, entry):
+            pass
 
 
 def _write_all(fd: int, data) -> None:
@@ -299,12 +297,9 @@ def _iter_fd(fd: int):
 def _iter_file(path: str):
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
 
-    def gen():
+    def gen():   # opened eagerly so a missing file raises here, not at first next()
         try:
-            off = 0
-            while chunk := os.pread(fd, CHUNK, off):
-                off += len(chunk)
-                yield chunk
+            yield from _iter_fd(fd)
         finally:
             os.close(fd)
     return gen()

@@ -81,7 +81,7 @@ def _check_blobs(store, blobs, refs, report) -> None:
         report.blobs_checked += 1
         paths = tuple(refs.get(key, ()))
         try:
-            _verify(store, key, entry)
+            store.blobs.check(key, entry)
         except BlobCorrupt as exc:
             report.problems.append(Problem("blob-corrupt", exc.message, paths))
         except BlobMissing as exc:
@@ -96,11 +96,6 @@ def _check_blobs(store, blobs, refs, report) -> None:
     for key, path in _gc.blob_files(store.blobs.root):
         if key not in blobs or blobs[key][1] != S.FILE:
             report.problems.append(Problem("orphan-file", f"blob file {path} has no entry"))
-
-
-def _verify(store, key, entry) -> None:
-    for _ in store.blobs.iter_verified(key, entry):
-        pass
 
 
 def _check_journal(txn, db, report) -> None:

@@ -52,10 +52,18 @@ def get(txn, db, epoch_id: int) -> Epoch | None:
     return None if raw is None else _decode(epoch_id, raw)
 
 
+def get_known(txn, db, epoch_id) -> Epoch:
+    """The epoch ``epoch_id`` (any value accepted); ``UnknownPoint`` if there is none."""
+    e = get(txn, db, epoch_id) if isinstance(epoch_id, int) and 0 <= epoch_id < 1 << 64 else None
+    if e is None:
+        raise UnknownPoint(point=epoch_id)
+    return e
+
+
 def get_in(txn, db, ws: int, epoch_id: int) -> Epoch:
     """The epoch, which must belong to ``ws``; else ``UnknownPoint``."""
-    e = get(txn, db, epoch_id) if isinstance(epoch_id, int) and 0 <= epoch_id < 1 << 64 else None
-    if e is None or e.workspace != ws:
+    e = get_known(txn, db, epoch_id)
+    if e.workspace != ws:
         raise UnknownPoint(point=epoch_id)
     return e
 
@@ -77,6 +85,12 @@ def last(txn, db, ws: int) -> Epoch | None:
     if S.read_u32(key) != ws:
         return None
     return get(txn, db, S.read_u64(key, 4))
+
+
+def every(txn, db):
+    """Yield every epoch of the store (all workspaces), by id."""
+    for key, raw in txn.cursor(db=db["epochs"]):
+        yield _decode(S.read_u64(key), raw)
 
 
 def all_of(txn, db, ws: int) -> list[Epoch]:
@@ -120,6 +134,6 @@ def current(txn, db, ws: int) -> Epoch:
     return e if e is not None else open_new(txn, db, ws, "idle")
 
 
-def add_counts(txn, db, epoch_id: int, paths: int, nbytes: int) -> None:
-    e = get(txn, db, epoch_id)
+def add_counts(txn, db, e: Epoch, paths: int, nbytes: int) -> None:
+    """Add to ``e``'s counters; ``e`` must have been read in this same write txn."""
     put(txn, db, replace(e, paths=e.paths + paths, bytes=e.bytes + nbytes))

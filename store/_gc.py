@@ -26,9 +26,8 @@ import os
 import time
 from dataclasses import dataclass
 
-from . import _epoch, _journal
+from . import _epoch, _journal, _txn
 from . import _schema as S
-from . import _txn
 
 log = logging.getLogger(__name__)
 
@@ -57,9 +56,8 @@ def collect(store, *, grace_s, keep_epochs, max_age_s, max_bytes,
 
 
 # -- retention -------------------------------------------------------------------------
-def _droppable(txn, db, ws: int, drop_redo: bool = False) -> list[_epoch.Epoch]:
-    """Oldest-first epochs of ``ws`` that retention may drop."""
-    epochs = _epoch.all_of(txn, db, ws)
+def _droppable(epochs: list[_epoch.Epoch], drop_redo: bool = False) -> list[_epoch.Epoch]:
+    """Oldest-first epochs (of one workspace, ``epochs``) that retention may drop."""
     floor = epochs[-1].id if epochs else 0
     if not drop_redo:
         for rew in _pending_redos(epochs):
@@ -82,10 +80,11 @@ def _retain(store, report, keep_epochs, max_age_s, max_bytes, drop_redo) -> None
     db, now = store._db, time.time_ns()
     with store._w() as txn:
         ws_ids = [S.read_u32(k) for k in txn.cursor(db=db["ws_paths"]).iternext(values=False)]
-        per_ws = {ws: _droppable(txn, db, ws, drop_redo) for ws in ws_ids}
+        totals = {ws: _epoch.all_of(txn, db, ws) for ws in ws_ids}
+        per_ws = {ws: _droppable(epochs, drop_redo) for ws, epochs in totals.items()}
         doomed: list[_epoch.Epoch] = []
         for ws, cands in per_ws.items():
-            total = len(_epoch.all_of(txn, db, ws))
+            total = len(totals[ws])
             n = 0
             if keep_epochs is not None:
                 n = max(n, min(len(cands), max(0, total - keep_epochs)))
@@ -103,7 +102,7 @@ def _retain(store, report, keep_epochs, max_age_s, max_bytes, drop_redo) -> None
 
 def _over_budget(txn, db, per_ws, doomed, max_bytes) -> list[_epoch.Epoch]:
     gone = {e.id for e in doomed}
-    total = sum(e.bytes for e in _all_epochs(txn, db) if e.id not in gone)
+    total = sum(e.bytes for e in _epoch.every(txn, db) if e.id not in gone)
     queue = sorted((e for cands in per_ws.values() for e in cands), key=lambda e: e.id)
     # Oldest first across the store; each workspace's candidates are already an
     # oldest-first suffix of what is left, so stopping early keeps every cut a prefix.
@@ -114,11 +113,6 @@ def _over_budget(txn, db, per_ws, doomed, max_bytes) -> list[_epoch.Epoch]:
         extra.append(e)
         total -= e.bytes
     return extra
-
-
-def _all_epochs(txn, db):
-    for key, raw in txn.cursor(db=db["epochs"]):
-        yield _epoch._decode(S.read_u64(key), raw)
 
 
 def _drop_epoch(txn, db, e: _epoch.Epoch, report: GcReport) -> None:

@@ -11,10 +11,10 @@ current one (otherwise the mutation would land in an epoch without its pre-image
 
 from __future__ import annotations
 
-from . import _epoch
-from . import _schema as S
 import msgpack
 
+from . import _epoch
+from . import _schema as S
 from ._errors import IndexCorrupt, StoreError
 from ._preimage import Damaged, PreImage, check_relpath, decode, encode
 
@@ -49,7 +49,7 @@ def record(txn, db, ws: int, epoch_id: int, entries) -> list[bool]:
             nbytes += img.size if img.kind == "file" else 0
         result.append(new)
     if added:
-        _epoch.add_counts(txn, db, epoch_id, added, nbytes)
+        _epoch.add_counts(txn, db, e, added, nbytes)
     return result
 
 
@@ -90,8 +90,6 @@ def decode_value(key: bytes, raw):
                                         f"undecodable entry ({type(exc).__name__})")
 
 
-_decode_entry = decode_value
-
 
 def entries(txn, db, ws: int, epoch_id: int):
     """Yield (path, PreImage) of one epoch (pkey order)."""
@@ -101,7 +99,7 @@ def entries(txn, db, ws: int, epoch_id: int):
         for key, raw in cur:
             if key[:12] != prefix:
                 break
-            yield _decode_entry(key, raw)
+            yield decode_value(key, raw)
 
 
 def entries_from(txn, db, ws: int, epoch_id: int):
@@ -113,7 +111,7 @@ def entries_from(txn, db, ws: int, epoch_id: int):
         for key, raw in cur:
             if key[:4] != prefix:
                 break
-            path, img = _decode_entry(key, raw)
+            path, img = decode_value(key, raw)
             yield S.read_u64(key, 4), path, img
 
 
@@ -134,5 +132,5 @@ def _keys_of(txn, db, ws, epoch_id):
         for key, raw in cur:
             if key[:12] != prefix:
                 break
-            out.append((bytes(key), _decode_entry(key, raw)[0]))
+            out.append((bytes(key), decode_value(key, raw)[0]))
     return out

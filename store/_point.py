@@ -20,14 +20,19 @@ def state_at(txn, db, ws: int, epoch_id: int, path: bytes) -> PreImage | None:
 
 
 def first_epoch_at_or_after(txn, db, ws: int, path: bytes, epoch_id: int) -> int | None:
+    return next(_epochs_of(txn, db, ws, path, epoch_id), None)
+
+
+def _epochs_of(txn, db, ws: int, path: bytes, epoch_id: int = 0):
+    """Yield, ascending, every epoch >= ``epoch_id`` whose index names ``path`` itself."""
     prefix = S.u32(ws) + S.pkey(path) + b"\0"
     cur = txn.cursor(db=db["touched"])
     if not cur.set_range(prefix + S.u64(epoch_id)):
-        return None
-    key = cur.key()
-    if len(key) != len(prefix) + 8 or key[:len(prefix)] != prefix:
-        return None
-    return S.read_u64(key, len(prefix))
+        return
+    for key in cur.iternext(values=False):
+        if len(key) != len(prefix) + 8 or key[:len(prefix)] != prefix:
+            return
+        yield S.read_u64(key, len(prefix))
 
 
 def _touched_under(txn, db, ws: int, top: bytes):
@@ -56,20 +61,8 @@ def _touched_at(txn, db, ws: int, top: bytes, epoch_id: int, newest: bool):
         if eid >= epoch_id and (newest or path not in found):
             found[path] = eid
     if newest and first is not None:
-        found[top] = _newest_epoch(txn, db, ws, top)
+        found[top] = max(_epochs_of(txn, db, ws, top, first))
     return found
-
-
-def _newest_epoch(txn, db, ws: int, path: bytes) -> int:
-    prefix = S.u32(ws) + S.pkey(path) + b"\0"
-    cur = txn.cursor(db=db["touched"])
-    newest = None
-    if cur.set_range(prefix):
-        for key in cur.iternext(values=False):
-            if len(key) != len(prefix) + 8 or key[:len(prefix)] != prefix:
-                break
-            newest = S.read_u64(key, len(prefix))
-    return newest
 
 
 def touched_since(txn, db, ws: int, epoch_id: int, paths=None, *, newest=False) -> dict[bytes, int]:
@@ -97,13 +90,9 @@ def all_touches(txn, db, ws: int, epoch_id: int, paths=None) -> dict[bytes, list
             found.setdefault(path, []).append(eid)
         return found
     for top in paths:
-        prefix = S.u32(ws) + S.pkey(top) + b"\0"
-        cur = txn.cursor(db=db["touched"])
-        if cur.set_range(prefix + S.u64(epoch_id)):
-            for key in cur.iternext(values=False):
-                if len(key) != len(prefix) + 8 or key[:len(prefix)] != prefix:
-                    break
-                found.setdefault(top, []).append(S.read_u64(key, len(prefix)))
+        own = list(_epochs_of(txn, db, ws, top, epoch_id))
+        if own:
+            found.setdefault(top, []).extend(own)
         for path, eid in _touched_under(txn, db, ws, top):
             if eid >= epoch_id:
                 found.setdefault(path, []).append(eid)

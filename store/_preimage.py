@@ -35,7 +35,7 @@ class PreImage:
     target: bytes | None = None
     link_group: bytes | None = None
 
-    ABSENT: ClassVar["PreImage"]
+    ABSENT: ClassVar[PreImage]
 
     def __post_init__(self):
         if self.kind not in _KIND_CODE:

@@ -23,11 +23,10 @@ import threading
 
 import xxhash
 
-from . import _epoch, _intent, _journal, _plan, _point, _session
+from . import _epoch, _intent, _journal, _plan, _point, _session, _txn
 from . import _schema as S
-from . import _txn
 from ._blob import BlobArea
-from ._errors import StoreError, UnknownPoint
+from ._errors import StoreError
 from ._location import check_outside, default_store_path
 from ._preimage import PreImage, check_relpath
 
@@ -50,7 +49,7 @@ class Store:
 
     # -- lifecycle ------------------------------------------------------------------
     @classmethod
-    def open(cls, path=None, *, create: bool = True, sync: bool = False) -> "Store":
+    def open(cls, path=None, *, create: bool = True, sync: bool = False) -> Store:
         """Open (and with ``create`` make) the store at ``path`` (default:
         ``default_store_path()``).  ``SchemaTooNew`` for a store from a newer rewindfs."""
         path = pathlib.Path(path if path is not None else default_store_path()).absolute()
@@ -198,11 +197,7 @@ class Store:
 
     def epoch(self, epoch_id) -> _epoch.Epoch:
         with self._r() as txn:
-            e = _epoch.get(txn, self._db, epoch_id) if isinstance(epoch_id, int) \
-                and 0 <= epoch_id < 1 << 64 else None
-        if e is None:
-            raise UnknownPoint(point=epoch_id)
-        return e
+            return _epoch.get_known(txn, self._db, epoch_id)
 
     def fork_session(self, child: str, parent: str, boundary_turn: int) -> None:
         _session.check_session(child)
