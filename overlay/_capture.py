@@ -22,6 +22,7 @@ past their creation removes them, which is also what it does for their creation)
 from __future__ import annotations
 
 import errno
+import functools
 import logging
 import os
 import stat
@@ -29,7 +30,7 @@ import stat
 from store._errors import PathEscape
 from store._preimage import PreImage
 
-from ._resolve import open_dir, open_parent
+from ._resolve import open_dir, open_parent, parent_of
 
 log = logging.getLogger(__name__)
 
@@ -85,8 +86,8 @@ def snapshot_at(dir_fd: int, name: bytes, store, *, with_content: bool = True) -
         if exc.errno in _MISSING:
             return PreImage.ABSENT
         raise
-    common = dict(mode=stat.S_IMODE(st.st_mode), uid=st.st_uid, gid=st.st_gid,
-                  mtime_ns=st.st_mtime_ns)
+    common = {"mode": stat.S_IMODE(st.st_mode), "uid": st.st_uid, "gid": st.st_gid,
+              "mtime_ns": st.st_mtime_ns}
     fmt = stat.S_IFMT(st.st_mode)
     if fmt == stat.S_IFREG:
         key, size = (_file_content(dir_fd, name, st, store) if with_content
@@ -146,9 +147,8 @@ def capture(root_fd: int, store, ws: int, epoch_id: int, relpaths, *,
     if not todo:
         return []
     if parent is None:
-        entries = [(path, snapshot(root_fd, path, store)) for path in todo]
-    else:
-        entries = [(path, _snapshot_via(parent, root_fd, path, store)) for path in todo]
+        parent = functools.partial(parent_of, root_fd)
+    entries = [(path, _snapshot_via(parent, root_fd, path, store)) for path in todo]
     fresh = store.record(ws, epoch_id, entries)
     return [path for path, new in zip(todo, fresh) if new]
 

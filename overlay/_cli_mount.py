@@ -222,7 +222,7 @@ def _offline_status(args) -> dict:
     except StoreError:
         raise NotMounted(path=os.fsdecode(start)) from None
     with store:
-        known = dict((path, ws) for ws, path in store.workspaces())
+        known = {path: ws for ws, path in store.workspaces()}
         path = start
         while path not in known:
             if path == b"/":

@@ -14,6 +14,7 @@ see docs/concurrency.md.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -123,7 +124,7 @@ def _bypass_pids(ws: bytes, real_dev: int) -> list[int]:
             continue
         try:
             cwd = os.readlink(b"/proc/%s/cwd" % name)
-            if not (cwd == ws or cwd.startswith(ws + b"/")):
+            if not is_inside(cwd, ws):
                 continue
             if os.stat(b"/proc/%s/cwd" % name).st_dev == real_dev:
                 out.append(int(name))
@@ -332,7 +333,6 @@ def _preload(real: bytes) -> None:
     """Import now whatever might be imported later, and drop import paths inside the
     workspace: once mounted, an import that stats a path in our own mount from the trio
     thread (or before the kernel's INIT is answered) would wait on ourselves forever."""
-    import json  # noqa: F401  (error_line)
     for name in ("overlay._restore", "overlay._rewind_service", "overlay._capture",
                  "encodings.idna", "rich.console", "rich.markup"):
         try:
@@ -390,7 +390,6 @@ def _serve(store, ws, root_fd, real, store_path, ready, writeback) -> int:
 
 def error_line(exc: BaseException) -> bytes:
     """How a forked daemon reports a startup failure to its parent (one JSON line)."""
-    import json
     if isinstance(exc, RewindfsError):
         err = exc.to_dict()
     else:

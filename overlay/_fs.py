@@ -121,7 +121,7 @@ class RewindOperations(pyfuse3.Operations):
         self.captured: set[bytes] = set()
         self._token = object()
         self.handles: dict[int, object] = {}
-        self.dirs: dict[int, tuple[int, list[bytes]]] = {}
+        self.dirs: dict[int, tuple[int, int, list[bytes]]] = {}  # fh → (fd, inode, names)
         self._next_dir = 1
         self._as_root = os.geteuid() == 0
         self.notifier = Notifier()
@@ -245,7 +245,7 @@ class RewindOperations(pyfuse3.Operations):
 
     @_handler
     def lookup(self, parent_inode, name, ctx):
-        path = child(self._path(self.table[parent_inode]), name)
+        path = self._new_path(parent_inode, name)
         try:
             st = self._lstat(path)
         except FileNotFoundError:
@@ -620,14 +620,15 @@ class RewindOperations(pyfuse3.Operations):
         # The kernel asks for security.capability before every write(2) (file_remove_privs;
         # FUSE has no SB_NOSEC without handle_killpriv_v2, which pyfuse3 cannot request),
         # so this is a hot path: no context manager when the parent fd is cached.
-        path = self._path(self.table[inode])
+        node = self.table[inode]
+        path = self._path(node)
         head, _, base = path.rpartition(b"/")
         fd = self.table.dir_fd(head) if path else None
         try:
             if fd is not None:
                 return os.getxattr(b"/proc/self/fd/%d/%s" % (fd, base), name,
                                    follow_symlinks=False)
-            with self._xpath(self.table[inode]) as (p, kw):
+            with self._xpath(node) as (p, kw):
                 return os.getxattr(p, name, **kw)
         except OSError as exc:
             if exc.errno == errno.ENODATA:

@@ -71,9 +71,6 @@ class InodeTable:
     def __getitem__(self, ino: int) -> Inode:
         return self.inodes[ino]
 
-    def get(self, ino: int) -> Inode | None:
-        return self.inodes.get(ino)
-
     def known(self, path: bytes, st: os.stat_result) -> Inode:
         """The inode for real entry *st* now at *path* (created if new); lookup count unchanged."""
         key = (st.st_dev, st.st_ino)
@@ -132,14 +129,7 @@ class InodeTable:
     def drop(self, node: Inode) -> None:
         """Remove a node the kernel no longer references."""
         del self.inodes[node.ino]
-        if node.key is not None and self.by_key.get(node.key) is node:
-            del self.by_key[node.key]
-        for path in node.paths:
-            if self.by_path.get(path) is node:
-                del self.by_path[path]
-        if node.dir_fd is not None:
-            os.close(node.dir_fd)
-            node.dir_fd = None
+        self.detach(node)
 
     def move(self, old: bytes, new: bytes, is_dir: bool) -> None:
         """Rename bookkeeping: *old* (and, for a directory, everything below) → *new*."""
