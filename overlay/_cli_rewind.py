@@ -73,17 +73,23 @@ def _alive(sock: bytes) -> bool:
     return True
 
 
+def _live_daemon(start: bytes, store_path) -> tuple[bytes, bytes] | None:
+    """``(root, socket)`` of a daemon that answers for *start*, else None."""
+    try:
+        root, sock = find_daemon(start, store_path)
+    except NotMounted:
+        return None
+    return (root, sock) if _alive(sock) else None
+
+
 @contextlib.contextmanager
 def open_workspace(args, out):
     """Yield the daemon of the workspace (mounted) or an offline handle on it."""
     store_path = resolve_store_path(args.store)
     start = os.fsencode(_start(args))
-    try:
-        root, sock = find_daemon(start, store_path)
-    except NotMounted:
-        sock = None
-    if sock is not None and _alive(sock):
-        yield _Mounted(root, sock)
+    live = _live_daemon(start, store_path)
+    if live is not None:
+        yield _Mounted(*live)
         return
     with _offline(store_path, start, out) as ws:
         yield ws
@@ -233,12 +239,9 @@ def cmd_gc(args, out) -> int:
     if args.max_bytes is not None:
         params["max_bytes"] = V.parse_size(args.max_bytes)
     store_path = resolve_store_path(args.store)
-    try:
-        _root, sock = find_daemon(os.fsencode(_start(args)), store_path)
-    except NotMounted:
-        sock = None
-    if sock is not None and _alive(sock):
-        report = _protocol.call(sock, "gc", params)
+    live = _live_daemon(os.fsencode(_start(args)), store_path)
+    if live is not None:
+        report = _protocol.call(live[1], "gc", params)
     else:   # gc is store-wide: no workspace needed
         from store import Store
 

@@ -108,6 +108,11 @@ def render_log(out, points: list[dict], *, mounted: bool) -> None:
 
 # -- rewind / redo -------------------------------------------------------------------------
 
+def _changed(counts: dict) -> int:
+    """Paths a plan or result changes (everything but unchanged/ignored)."""
+    return sum(counts.get(k, 0) for k in ("written", "created", "deleted", "meta"))
+
+
 class RewindView:
     """Consumes rewind events: JSON Lines, or a summary + progress bar for people."""
 
@@ -139,7 +144,7 @@ class RewindView:
 
     def _planned(self, ev: dict) -> None:
         self.planned = ev
-        total = sum(ev.get(k, 0) for k in ("written", "created", "deleted", "meta"))
+        total = _changed(ev)
         self.out.say(f"{'plan for' if self.dry_run else 'rewinding to'} point "
                      f"[bold]e{ev['target']}[/]: {ev.get('written', 0)} written, "
                      f"{ev.get('created', 0)} created, {ev.get('deleted', 0)} deleted, "
@@ -174,7 +179,7 @@ class RewindView:
             self._foreign(result.get("foreign") or [])
         if not self.dry_run:
             failed = result.get("failed") or []
-            done = sum(result.get(k, 0) for k in ("written", "created", "deleted", "meta"))
+            done = _changed(result)
             line = f"restored {done} path(s) as rewind epoch e{result.get('epoch')}"
             self.out.say(line + (f"; [red]{len(failed)} failed[/] (exit 1)" if failed else ""))
 

@@ -72,8 +72,13 @@ def diff_points(root_fd: int, store, ws: int, a: int, b: int | None, *, paths=No
     lo = a if b is None else min(a, b)
     out = []
     for path, _epoch in store.changed_since(ws, lo, paths):
-        ia = state_of(root_fd, store, ws, a, path)
-        ib = state_of(root_fd, store, ws, b, path)
+        ia = store.state_at(ws, a, path)
+        ib = None if b is None else store.state_at(ws, b, path)
+        if ia is None and ib is None:
+            continue    # both sides are the current state: equal, nothing to hash
+        if ia is None or ib is None:    # one side is now: hash the file once
+            now = state_now(root_fd, store, path)
+            ia, ib = (now, ib) if ia is None else (ia, now)
         if _differs(ia, ib):
             out.append(Change(path, ia, ib))
     return out

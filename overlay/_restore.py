@@ -36,6 +36,7 @@ Blocking and synchronous; the daemon runs it in a worker thread.  Test hook:
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import resource
@@ -403,12 +404,9 @@ def _report_damaged(run: _Run, store_plan, result: RestoreResult) -> None:
     """Paths whose deciding journal entry is damaged have no target: name them (the
     rest of the plan still lands; exit code 1)."""
     for path, reason in sorted(getattr(store_plan, "damaged", {}).items()):
-        fail = Failure(path, "index-corrupt",
-                       f"its history entry in the store is damaged ({reason}); left as is")
-        result.failed.append(fail)
-        log.warning("rewind: %r not restored: %s", path, fail.message)
-        _emit(run, {"type": "rewind.failed", "path": path, "code": fail.code,
-                    "message": fail.message})
+        _report_failure(run, result, Failure(
+            path, "index-corrupt",
+            f"its history entry in the store is damaged ({reason}); left as is"))
 
 
 def _land_all(run: _Run, store_plan, items=None) -> RestoreResult:
@@ -456,10 +454,13 @@ def _record_landed(run: _Run, result: RestoreResult, action, change: str) -> Non
 
 
 def _record_failure(run: _Run, result: RestoreResult, path: bytes, exc) -> None:
-    fail = _failure(path, exc)
+    _report_failure(run, result, _failure(path, exc))
+
+
+def _report_failure(run: _Run, result: RestoreResult, fail: Failure) -> None:
     result.failed.append(fail)
-    log.warning("rewind: %r not restored: %s", path, fail.message)
-    _emit(run, {"type": "rewind.failed", "path": path, "code": fail.code,
+    log.warning("rewind: %r not restored: %s", fail.path, fail.message)
+    _emit(run, {"type": "rewind.failed", "path": fail.path, "code": fail.code,
                 "message": fail.message})
 
 
@@ -621,8 +622,7 @@ def _failure(path: bytes, exc: BaseException) -> Failure:
         return Failure(path, exc.code, exc.message)
     if isinstance(exc, FileNotFoundError):
         return Failure(path, "parent-missing", f"a parent directory is missing ({exc.strerror})")
-    import errno as _errno
-    name = _errno.errorcode.get(exc.errno, "EIO") if exc.errno else "EIO"
+    name = errno.errorcode.get(exc.errno, "EIO") if exc.errno else "EIO"
     return Failure(path, "os-error", f"{name}: {exc.strerror or exc}")
 
 

@@ -49,10 +49,6 @@ class InodeIndex:
             self._map = self._build()
         return list(self._map.get((dev, ino), ()))
 
-    def forget(self) -> None:
-        """The tree changed: rebuild on next use."""
-        self._map = None
-
     def _build(self) -> dict[tuple[int, int], list[bytes]]:
         out: dict[tuple[int, int], list[bytes]] = {}
         stack = [(os.dup(self.root_fd), b"")]

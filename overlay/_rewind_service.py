@@ -133,17 +133,17 @@ def _run_rewind(ctx, make_plan, *, dry_run: bool, session, force: bool, send) ->
                          invalidate=getattr(ctx, "invalidate", None),
                          epoch_changed=getattr(ctx, "epoch_changed", None))
     plan = make_plan()
-    send({"type": "rewind.planned", "dry_run": dry_run,
-          **plan_dict(plan, with_changes=dry_run)})
+    summary = plan_dict(plan, with_changes=dry_run)     # built once: event and reply
+    send({"type": "rewind.planned", "dry_run": dry_run, **summary})
     if dry_run:
-        return {"dry_run": True, "epoch": None, **plan_dict(plan, with_changes=True)}
+        return {"dry_run": True, "epoch": None, **summary}
     result = _restore.apply_plan(
         ctx.root_fd, ctx.store, ctx.ws, plan, session=session, force=force,
         progress=lambda ev: send(events_of(ev)), invalidate=getattr(ctx, "invalidate", None),
         epoch_changed=getattr(ctx, "epoch_changed", None))
     done = {**result.to_dict(), "exit_code": result.exit_code}
     send({"type": "rewind.done", **done, "failed": len(result.failed)})
-    return {**done, "foreign": plan_dict(plan, with_changes=False)["foreign"]}
+    return {**done, "foreign": summary["foreign"]}
 
 
 def rewind_sync(ctx, params: dict, send) -> dict:

@@ -37,7 +37,7 @@ __all__ = ["Client", "TrioClient", "RewindfsClientError"]
 DEFAULT_TIMEOUT = 60.0
 
 
-# One table of calls shared by both clients: name → (method, result converter).
+# Params shared by both clients' rewind (the typed calls are mirrored: _Calls, TrioClient).
 def _rewind_params(to, paths, dry_run, session, undo_for, force):
     return {"to": to, "paths": list(paths) if paths is not None else None,
             "dry_run": dry_run or None, "session": session, "undo_for": undo_for,
@@ -104,7 +104,7 @@ class Client(_Calls):
         self._lock = threading.Lock()
 
     @classmethod
-    def for_directory(cls, directory=".", *, store=None, timeout=DEFAULT_TIMEOUT) -> "Client":
+    def for_directory(cls, directory=".", *, store=None, timeout=DEFAULT_TIMEOUT) -> Client:
         """A client for the daemon serving *directory* (raises NotMounted if none)."""
         return cls(_locate(directory, store), timeout=timeout)
 
@@ -148,7 +148,7 @@ class Client(_Calls):
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
         try:
             self._sock.sendall(line)
-        except _socket.timeout:
+        except TimeoutError:
             raise Timeout(method, self.timeout) from None
         while True:
             reply = self._conv.next_reply(rid)
@@ -168,7 +168,7 @@ class Client(_Calls):
             self._sock.settimeout(left)
         try:
             data = self._sock.recv(65536)
-        except _socket.timeout:
+        except TimeoutError:
             raise Timeout(method, self.timeout) from None
         if not data:
             raise ConnectionLost()
@@ -193,7 +193,7 @@ class TrioClient:
         self._lock = trio.Lock()
 
     @classmethod
-    def for_directory(cls, directory=".", *, store=None, timeout=DEFAULT_TIMEOUT) -> "TrioClient":
+    def for_directory(cls, directory=".", *, store=None, timeout=DEFAULT_TIMEOUT) -> TrioClient:
         return cls(_locate(directory, store), timeout=timeout)
 
     async def __aenter__(self):
