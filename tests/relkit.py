@@ -14,6 +14,7 @@ with ``REWINDFS_TRIALS=N`` (soak use), shifted by ``REWINDFS_SEED`` to explore o
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 import pathlib
 import signal
 import subprocess
@@ -140,3 +141,27 @@ def kill_background(pid: int | None) -> None:
     """Last resort for a background daemon this test started (its pid from status)."""
     if pid is not None and _alive(pid):
         os.kill(pid, signal.SIGKILL)
+
+
+@contextmanager
+def crashing_daemon(daemon, ws):
+    """The block's foreground ``Daemon`` (which it may kill); afterwards it is closed
+    and nothing is left mounted on *ws*."""
+    try:
+        yield daemon
+    finally:
+        daemon.close()
+        ensure_unmounted(ws)
+
+
+@contextmanager
+def background(ws, store, *, recover: bool = False):
+    """A background ``rewindfs mount [--recover]`` for the block (yields its pid);
+    unmounted cleanly after it, killed only if the block failed."""
+    pid = background_mount(ws, store, recover=recover)
+    try:
+        yield pid
+    except BaseException:
+        kill_background(pid)
+        raise
+    stop_background(ws, store, pid)

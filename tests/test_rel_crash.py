@@ -23,8 +23,7 @@ import pytest
 from mountkit import cli, is_rewindfs_mount
 from overlay._protocol import DaemonGone
 from rewind_agent import Agent
-from relkit import (Daemon, background_mount, call, ensure_unmounted, kill_background,
-                          stop_background, trials)
+from relkit import Daemon, background, call, crashing_daemon, trials
 from treesnap import compare, snapshot
 
 pytestmark = pytest.mark.mount
@@ -92,8 +91,7 @@ def test_daemon_killed_during_capture(tmp_path, seed):
     ws, store = tmp_path / "ws", tmp_path / "store"
     ws.mkdir()
     seed_tree(ws, rng)
-    daemon, pid = Daemon(ws, store), None
-    try:
+    with crashing_daemon(Daemon(ws, store), ws) as daemon:
         daemon.start()
         epoch = daemon.call("turn.begin", session="s", turn=1, label="crash")["epoch"]
         base = snapshot(ws)
@@ -112,18 +110,12 @@ def test_daemon_killed_during_capture(tmp_path, seed):
         res = cli("mount", ws, "--json", store=store)    # without --recover: told how
         assert res.returncode == 2 and "stale-mount" in res.stdout, res.stdout + res.stderr
 
-        pid = background_mount(ws, store, recover=True)
-        _fsck_clean(store)
-        call(store, ws, "turn.end")
-        _rewind(store, ws, f"e{epoch}")
-        assert compare(base, snapshot(ws)) == [], f"seed {seed}, {work.steps} steps"
-        _fsck_clean(store)
-        stop_background(ws, store, pid)
-        pid = None
-    finally:
-        kill_background(pid)
-        daemon.close()
-        ensure_unmounted(ws)
+        with background(ws, store, recover=True):
+            _fsck_clean(store)
+            call(store, ws, "turn.end")
+            _rewind(store, ws, f"e{epoch}")
+            assert compare(base, snapshot(ws)) == [], f"seed {seed}, {work.steps} steps"
+            _fsck_clean(store)
 
 
 @pytest.mark.parametrize("seed", trials(5))
@@ -133,8 +125,8 @@ def test_daemon_killed_during_rewind(tmp_path, seed):
     ws.mkdir()
     seed_tree(ws, rng)
     k = rng.randint(1, 12)
-    daemon, pid = Daemon(ws, store, env={"REWINDFS_FAULT_AFTER": str(k)}), None
-    try:
+    daemon = Daemon(ws, store, env={"REWINDFS_FAULT_AFTER": str(k)})
+    with crashing_daemon(daemon, ws):
         daemon.start()
         epoch = daemon.call("turn.begin", session="s", turn=1, label="work")["epoch"]
         base = snapshot(ws)
@@ -154,20 +146,14 @@ def test_daemon_killed_during_rewind(tmp_path, seed):
             assert False, f"k={k} not reached; pick a smaller k for seed {seed}"
         assert is_rewindfs_mount(ws)
 
-        pid = background_mount(ws, store, recover=True)   # finishes the rewind first
-        assert "intent" not in call(store, ws, "status")
-        _fsck_clean(store)
-        assert compare(base, snapshot(ws)) == [], f"seed {seed}, k={k}"
-        res = cli("redo", "-C", ws, "--json", store=store)
-        assert res.returncode == 0, res.stdout + res.stderr
-        assert compare(after, snapshot(ws)) == [], f"redo, seed {seed}, k={k}"
-        _fsck_clean(store)
-        stop_background(ws, store, pid)
-        pid = None
-    finally:
-        kill_background(pid)
-        daemon.close()
-        ensure_unmounted(ws)
+        with background(ws, store, recover=True):   # finishes the rewind first
+            assert "intent" not in call(store, ws, "status")
+            _fsck_clean(store)
+            assert compare(base, snapshot(ws)) == [], f"seed {seed}, k={k}"
+            res = cli("redo", "-C", ws, "--json", store=store)
+            assert res.returncode == 0, res.stdout + res.stderr
+            assert compare(after, snapshot(ws)) == [], f"redo, seed {seed}, k={k}"
+            _fsck_clean(store)
 
 
 @pytest.mark.parametrize("seed", trials(2))
@@ -178,8 +164,7 @@ def test_offline_cli_rewind_killed_then_mount_finishes_it(tmp_path, seed):
     ws, store = tmp_path / "ws", tmp_path / "store"
     ws.mkdir()
     seed_tree(ws, rng)
-    daemon, pid = Daemon(ws, store), None
-    try:
+    with crashing_daemon(Daemon(ws, store), ws) as daemon:
         daemon.start()
         epoch = daemon.call("turn.begin", session="s", turn=1, label="work")["epoch"]
         base = snapshot(ws)
@@ -198,13 +183,7 @@ def test_offline_cli_rewind_killed_then_mount_finishes_it(tmp_path, seed):
         res = cli("status", "-C", ws, store=store)
         assert "interrupted rewind" in res.stderr, res.stdout + res.stderr
 
-        pid = background_mount(ws, store)
-        assert "intent" not in call(store, ws, "status")
-        assert compare(base, snapshot(ws)) == [], f"seed {seed}, k={k}"
-        _fsck_clean(store)
-        stop_background(ws, store, pid)
-        pid = None
-    finally:
-        kill_background(pid)
-        daemon.close()
-        ensure_unmounted(ws)
+        with background(ws, store):
+            assert "intent" not in call(store, ws, "status")
+            assert compare(base, snapshot(ws)) == [], f"seed {seed}, k={k}"
+            _fsck_clean(store)
