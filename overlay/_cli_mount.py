@@ -19,6 +19,7 @@ import time
 from store._errors import RewindfsError
 
 from . import _daemon, _protocol
+from ._cli_rewind_view import human_bytes
 from ._paths import (AlreadyMounted, MountFailed, NotMounted, UsageError, check_workspace,
                      control_socket_path, is_inside, resolve_store_path)
 
@@ -268,27 +269,19 @@ def cmd_status(args, out) -> int:
     return 0
 
 
-def _size(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
-
-
 def _say_usage(out, usage) -> None:
     """Store usage for people: the store's footprint, then this workspace by session."""
     if not usage or out.json:
         return
     st = usage["store"]
-    out.say(f"  store usage {_size(st['disk_bytes'])} on disk ({st['blobs']} blobs, "
+    out.say(f"  store usage {human_bytes(st['disk_bytes'])} on disk ({st['blobs']} blobs, "
             f"{st['blob_files']} of them in files)")
     for w in usage["workspaces"]:
         out.say(f"  this workspace: {w['epochs']} epochs, {w['turns']} turns, "
-                f"{w['paths']} pre-images, {_size(w['bytes'])} recorded")
+                f"{w['paths']} pre-images, {human_bytes(w['bytes'])} recorded")
         for name, s in w["sessions"].items():
             out.say(f"    {name}: {s['turns']} turns, {s['epochs']} epochs, "
-                    f"{s['paths']} pre-images, {_size(s['bytes'])}")
+                    f"{s['paths']} pre-images, {human_bytes(s['bytes'])}")
 
 
 def cmd_fsck(args, out) -> int:
