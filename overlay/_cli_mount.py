@@ -223,21 +223,16 @@ def _offline_status(args) -> dict:
     except StoreError:
         raise NotMounted(path=os.fsdecode(start)) from None
     with store:
-        known = {path: ws for ws, path in store.workspaces()}
-        path = start
-        while path not in known:
-            if path == b"/":
-                raise NotMounted(path=os.fsdecode(start))
-            path = os.path.dirname(path)
-        ws = known[path]
+        found = store.workspace_containing(start)
+        if found is None:
+            raise NotMounted(path=os.fsdecode(start))
+        ws, path = found
         cur = store.current_epoch(ws)
         turn = store.open_turn(ws)
         return {"workspace": os.fsdecode(path), "store": str(store.path), "mounted": False,
                 "epoch": cur.id, "epoch_kind": cur.kind, "intent": bool(store.get_intent(ws)),
                 "usage": store.usage(ws),
-                "open_turn": None if turn is None else {
-                    "epoch": turn.id, "session": turn.session, "turn": turn.turn,
-                    "label": turn.label}}
+                "open_turn": None if turn is None else turn.as_point()}
 
 
 def cmd_status(args, out) -> int:

@@ -57,11 +57,7 @@ class _Offline:
         return call_local(self, method, params, on_event)
 
     def points(self, session=None) -> list[dict]:
-        if session is None:
-            epochs = self.store.epochs(self.ws)
-        else:
-            epochs = [self.store.epoch(e) for _t, e in self.store.session_points(self.ws, session)]
-        return [_protocol._epoch_dict(e) for e in epochs]
+        return [e.as_point() for e in self.store.points(self.ws, session)]
 
 
 def _alive(sock: bytes) -> bool:
@@ -104,10 +100,10 @@ def _offline(store_path, start: bytes, out):
 
     real = os.path.realpath(start)
     with Store.open(store_path, create=False) as store:
-        roots = [(r, ws) for ws, r in store.workspaces() if is_inside(real, r)]
-        if not roots:
+        found = store.workspace_containing(real)
+        if found is None:
             raise NotAWorkspace(path=os.fsdecode(real), store=str(store_path))
-        root, ws = max(roots)
+        ws, root = found
         if find_rewindfs_mount(root):
             raise StaleMount(path=os.fsdecode(root))
         fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)

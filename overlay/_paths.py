@@ -18,6 +18,7 @@ import stat
 import xxhash
 
 from store._errors import EXIT_USAGE, RewindfsError, StoreInsideWorkspace
+from store._location import is_inside  # noqa: F401  (re-exported for overlay modules)
 
 __all__ = [
     "AlreadyMounted", "BadWorkspace", "MountFailed", "NotMounted", "RefusedWorkspace",
@@ -96,12 +97,6 @@ def control_socket_path(store_path, ws_real_path) -> bytes:
     digest = xxhash.xxh3_64_hexdigest(store_real + b"\0" + ws_real).encode()
     base = _fs(os.environ.get("XDG_RUNTIME_DIR") or "/tmp")
     return base + b"/rewindfs-%d/" % os.getuid() + digest + b".sock"
-
-
-def is_inside(path: bytes, root: bytes) -> bool:
-    """True if real path *path* is *root* or lies below it."""
-    root = root.rstrip(b"/") or b"/"
-    return path == root or path.startswith(root + b"/") or root == b"/"
 
 
 def check_workspace(dir_path, store_path) -> bytes:

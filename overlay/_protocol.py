@@ -155,12 +155,6 @@ def req_int(params: dict, name: str, method: str, *, minimum: int | None = None)
 
 # -- the method table -------------------------------------------------------------------
 
-def _epoch_dict(e) -> dict:
-    return {"epoch": e.id, "kind": e.kind, "session": e.session, "turn": e.turn,
-            "label": e.label, "started_ns": e.started_ns, "ended_ns": e.ended_ns,
-            "paths": e.paths, "bytes": e.bytes, "target": e.target}
-
-
 async def turn_begin(ctx, params: dict, emit) -> dict:
     session = req_str(params, "session", "turn.begin")
     turn = req_int(params, "turn", "turn.begin", minimum=1)
@@ -187,13 +181,10 @@ def _mutation_lock(ctx) -> trio.Lock:
 
 async def turn_end(ctx, params: dict, emit) -> dict:
     session = opt_str(params, "session", "turn.end")
-    open_turn = ctx.store.open_turn(ctx.ws)
-    if session is not None and open_turn is not None and open_turn.session != session:
-        raise BadParams(method="turn.end",
-                        reason=f"the open turn belongs to session {open_turn.session!r}")
     async with _mutation_lock(ctx):
         await ctx.flush_writes()
-        epoch = ctx.store.end_turn(ctx.ws)  # no await until set_epoch (see turn_begin)
+        # no await until set_epoch (see turn_begin); another session's turn stays open
+        epoch = ctx.store.end_turn(ctx.ws, session)
         ctx.fs.set_epoch(epoch.id)
     return {"epoch": epoch.id}
 
@@ -205,7 +196,7 @@ async def status(ctx, params: dict, emit) -> dict:
         "workspace": os.fsdecode(ctx.workspace_path), "store": str(ctx.store.path),
         "socket": os.fsdecode(ctx.socket_path), "epoch": cur.id,
         "epoch_kind": cur.kind, "mounted": True, "pid": os.getpid(),
-        "open_turn": _epoch_dict(open_turn) if open_turn else None,
+        "open_turn": open_turn.as_point() if open_turn else None,
         "fs": ctx.fs.statistics(),
     }
     bypass = await ctx.bypass_processes()
@@ -224,11 +215,7 @@ async def status(ctx, params: dict, emit) -> dict:
 
 async def points(ctx, params: dict, emit) -> dict:
     session = opt_str(params, "session", "points")
-    if session is None:
-        epochs = ctx.store.epochs(ctx.ws)
-    else:
-        epochs = [ctx.store.epoch(eid) for _, eid in ctx.store.session_points(ctx.ws, session)]
-    return {"points": [_epoch_dict(e) for e in epochs]}
+    return {"points": [e.as_point() for e in ctx.store.points(ctx.ws, session)]}
 
 
 async def fork(ctx, params: dict, emit) -> dict:

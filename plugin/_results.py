@@ -48,7 +48,8 @@ class RewindResult:
 
     epoch: int | None = None       # the rewind epoch
     target: int | None = None      # the point restored
-    written: int = 0
+    written: int = 0               # existing paths given other content
+    created: int = 0               # paths that did not exist and were brought back
     deleted: int = 0
     meta: int = 0
     failed: tuple = ()

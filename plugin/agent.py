@@ -122,10 +122,7 @@ class Rewindfs:
 
     def epoch_of(self, turn: int, session: str) -> int:
         """The epoch that started *turn* of *session*; UnknownTurn if there is none."""
-        if not isinstance(turn, int) or isinstance(turn, bool) or turn < 1:
-            raise RewindfsClientError(
-                f"{turn!r} is not an absolute turn number (turns count from 1; "
-                "relative forms are refused)", code="relative-point")
+        _check_turn(turn)
         for p in self._require().points(session):
             if p.kind == "turn" and p.turn == turn:
                 return p.epoch
@@ -134,17 +131,29 @@ class Rewindfs:
     def rewind(self, turn: int | None = None, *, session: str | None = None,
                epoch: int | None = None, paths=None, dry_run=False, undo_for=None,
                force=False, on_event=None) -> RewindResult:
-        """Restore the workspace to the start of *turn* of *session* (or to *epoch*)."""
+        """Restore the workspace to the start of *turn* of *session* (or to *epoch*).
+
+        The daemon resolves the turn within the session's points (its fork ancestry
+        included); an unknown turn is refused there with ``unknown-point``."""
         if (turn is None) == (epoch is None):
             raise TypeError("rewind() needs exactly one of turn= (with session=) or epoch=")
         if turn is not None:
             if session is None:
                 raise TypeError("rewind(turn) needs session=")
-            epoch = self.epoch_of(turn, session)
-        # "e<id>" names an epoch; a bare number with a session would mean a turn number.
-        return self._require().rewind(f"e{epoch}", paths=paths, dry_run=dry_run, session=session,
+            _check_turn(turn)
+            to = f"t{turn}"
+        else:
+            to = f"e{epoch}"   # a bare number with a session would mean a turn number
+        return self._require().rewind(to, paths=paths, dry_run=dry_run, session=session,
                                       undo_for=undo_for, force=force, on_event=on_event)
 
     def redo(self, *, session: str | None = None, force=False, on_event=None) -> RewindResult:
         """Undo the newest rewind (of *session*, if given)."""
         return self._require().redo(session, force=force, on_event=on_event)
+
+
+def _check_turn(turn) -> None:
+    if not isinstance(turn, int) or isinstance(turn, bool) or turn < 1:
+        raise RewindfsClientError(
+            f"{turn!r} is not an absolute turn number (turns count from 1; "
+            "relative forms are refused)", code="relative-point")

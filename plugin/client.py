@@ -37,13 +37,6 @@ __all__ = ["Client", "TrioClient", "RewindfsClientError"]
 DEFAULT_TIMEOUT = 60.0
 
 
-# Params shared by both clients' rewind (the typed calls are mirrored: _Calls, TrioClient).
-def _rewind_params(to, paths, dry_run, session, undo_for, force):
-    return {"to": to, "paths": list(paths) if paths is not None else None,
-            "dry_run": dry_run or None, "session": session, "undo_for": undo_for,
-            "force": force or None}
-
-
 def _locate(directory, store) -> bytes:
     found = find_socket(directory, store)
     if found is None:
@@ -51,46 +44,68 @@ def _locate(directory, store) -> bytes:
     return found[0]
 
 
+def _epoch(result: dict) -> int:
+    return int(result["epoch"])
+
+
+def _nothing(result: dict) -> None:
+    return None
+
+
 class _Calls:
-    """Typed calls over ``self.call`` (sync) — TrioClient mirrors them as coroutines."""
+    """The typed calls, written once for both clients.
+
+    Each builds its request and hands it to ``self._run(method, params, parse,
+    on_event)``: :class:`Client` runs it and returns the parsed result;
+    :class:`TrioClient`'s ``_run`` is a coroutine function, so there every call
+    returns an awaitable (``await c.status()``).
+    """
+
+    def _run(self, method: str, params: dict | None, parse, on_event=None):
+        raise NotImplementedError
 
     def turn_begin(self, session: str, turn: int, label: str = "") -> int:
         """Mark the start of *turn* of *session*; returns the new epoch id."""
-        return int(self.call("turn.begin", {"session": session, "turn": turn, "label": label})["epoch"])
+        return self._run("turn.begin", {"session": session, "turn": turn, "label": label},
+                         _epoch)
 
     def turn_end(self, session: str | None = None) -> int:
-        """End the open turn; returns the idle epoch that follows it."""
-        return int(self.call("turn.end", {"session": session})["epoch"])
+        """End the open turn (of *session*, if given); returns the idle epoch that
+        follows it."""
+        return self._run("turn.end", {"session": session}, _epoch)
 
     def status(self) -> R.Status:
-        return R.from_wire(R.Status, self.call("status"))
+        return self._run("status", None, lambda r: R.from_wire(R.Status, r))
 
     def points(self, session: str | None = None) -> list[R.Point]:
-        return R.points(self.call("points", {"session": session}))
+        return self._run("points", {"session": session}, R.points)
 
     def rewind(self, to, *, paths=None, dry_run=False, session=None, undo_for=None,
                force=False, on_event=None) -> R.RewindResult:
-        params = _rewind_params(to, paths, dry_run, session, undo_for, force)
-        return R.RewindResult.parse(self.call("rewind", params, on_event=on_event))
+        params = {"to": to, "paths": list(paths) if paths is not None else None,
+                  "dry_run": dry_run or None, "session": session, "undo_for": undo_for,
+                  "force": force or None}
+        return self._run("rewind", params, R.RewindResult.parse, on_event)
 
     def redo(self, session=None, *, force=False, on_event=None) -> R.RewindResult:
         params = {"session": session, "force": force or None}
-        return R.RewindResult.parse(self.call("redo", params, on_event=on_event))
+        return self._run("redo", params, R.RewindResult.parse, on_event)
 
     def diff(self, a, b, paths=None) -> list[R.Change]:
-        return R.changes(self.call("diff", {"a": a, "b": b, "paths": paths}))
+        return self._run("diff", {"a": a, "b": b, "paths": paths}, R.changes)
 
     def show(self, point, path: str) -> bytes:
-        return R.content(self.call("show", {"point": point, "path": path}))
+        return self._run("show", {"point": point, "path": path}, R.content)
 
     def fork(self, child: str, parent: str, boundary_turn: int) -> None:
-        self.call("fork", {"child": child, "parent": parent, "boundary_turn": boundary_turn})
+        return self._run("fork", {"child": child, "parent": parent,
+                                  "boundary_turn": boundary_turn}, _nothing)
 
     def gc(self, **policy) -> dict:
-        return self.call("gc", policy)
+        return self._run("gc", policy, dict)
 
     def unmount(self) -> None:
-        self.call("unmount")
+        return self._run("unmount", None, _nothing)
 
 
 class Client(_Calls):
@@ -129,6 +144,9 @@ class Client(_Calls):
             raise DaemonUnreachable(os.fsdecode(self.socket_path), exc.strerror or str(exc)) from None
         self._sock, self._conv = sock, Conversation()
         log.debug("connected to %s", os.fsdecode(self.socket_path))
+
+    def _run(self, method, params, parse, on_event=None):
+        return parse(self.call(method, params, on_event=on_event))
 
     def call(self, method: str, params: dict | None = None, *, on_event=None) -> dict:
         """Send one request; return its result dict or raise RewindfsClientError."""
@@ -175,7 +193,7 @@ class Client(_Calls):
         self._conv.feed(data)
 
 
-class TrioClient:
+class TrioClient(_Calls):
     """trio client; the same calls as :class:`Client`, as coroutines.
 
     Use ``async with await TrioClient.open(path) as c:`` or
@@ -245,40 +263,5 @@ class TrioClient:
             if on_event is not None:
                 on_event(reply.event)
 
-    # typed calls: the same table as _Calls, awaited
-    async def turn_begin(self, session: str, turn: int, label: str = "") -> int:
-        return int((await self.call("turn.begin", {"session": session, "turn": turn,
-                                                   "label": label}))["epoch"])
-
-    async def turn_end(self, session: str | None = None) -> int:
-        return int((await self.call("turn.end", {"session": session}))["epoch"])
-
-    async def status(self) -> R.Status:
-        return R.from_wire(R.Status, await self.call("status"))
-
-    async def points(self, session: str | None = None) -> list[R.Point]:
-        return R.points(await self.call("points", {"session": session}))
-
-    async def rewind(self, to, *, paths=None, dry_run=False, session=None, undo_for=None,
-                     force=False, on_event=None) -> R.RewindResult:
-        params = _rewind_params(to, paths, dry_run, session, undo_for, force)
-        return R.RewindResult.parse(await self.call("rewind", params, on_event=on_event))
-
-    async def redo(self, session=None, *, force=False, on_event=None) -> R.RewindResult:
-        params = {"session": session, "force": force or None}
-        return R.RewindResult.parse(await self.call("redo", params, on_event=on_event))
-
-    async def diff(self, a, b, paths=None) -> list[R.Change]:
-        return R.changes(await self.call("diff", {"a": a, "b": b, "paths": paths}))
-
-    async def show(self, point, path: str) -> bytes:
-        return R.content(await self.call("show", {"point": point, "path": path}))
-
-    async def fork(self, child: str, parent: str, boundary_turn: int) -> None:
-        await self.call("fork", {"child": child, "parent": parent, "boundary_turn": boundary_turn})
-
-    async def gc(self, **policy) -> dict:
-        return await self.call("gc", policy)
-
-    async def unmount(self) -> None:
-        await self.call("unmount")
+    async def _run(self, method, params, parse, on_event=None):
+        return parse(await self.call(method, params, on_event=on_event))

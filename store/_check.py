@@ -132,15 +132,17 @@ def _check_epochs(txn, db, report) -> None:
     next_id = S.unpack(txn.get(b"next_epoch", db=db["meta"]))
     for ws_key in txn.cursor(db=db["ws_paths"]).iternext(values=False):
         ws = S.read_u32(ws_key)
-        epochs = _epoch.all_of(txn, db, ws)
-        for e in epochs:
+        epochs = []
+        for eid in _epoch.ids_of(txn, db, ws):
+            e = _epoch.get(txn, db, eid)
             if e is None:
                 report.problems.append(Problem("epoch-state", f"workspace {ws}: missing epoch"))
                 continue
+            epochs.append(e)
             if e.id >= next_id:
                 report.problems.append(Problem(
                     "epoch-counter", f"epoch {e.id} is not below the next id {next_id}"))
-        open_ = [e.id for e in epochs if e is not None and e.ended_ns is None]
+        open_ = [e.id for e in epochs if e.ended_ns is None]
         if open_ and (len(open_) > 1 or open_[0] != epochs[-1].id):
             report.problems.append(Problem(
                 "epoch-state", f"workspace {ws}: open epochs {open_}, newest {epochs[-1].id}"))

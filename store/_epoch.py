@@ -36,6 +36,13 @@ class Epoch:
     def is_open(self) -> bool:
         return self.ended_ns is None
 
+    def as_point(self) -> dict:
+        """The epoch as a point in the control protocol and ``--json`` output."""
+        return {"epoch": self.id, "kind": self.kind, "session": self.session,
+                "turn": self.turn, "label": self.label, "started_ns": self.started_ns,
+                "ended_ns": self.ended_ns, "paths": self.paths, "bytes": self.bytes,
+                "target": self.target}
+
 
 def _encode(e: Epoch) -> bytes:
     return S.pack([e.workspace, e.kind, e.session, e.turn, e.label, e.started_ns,
@@ -93,16 +100,21 @@ def every(txn, db):
         yield _decode(S.read_u64(key), raw)
 
 
-def all_of(txn, db, ws: int) -> list[Epoch]:
+def ids_of(txn, db, ws: int):
+    """Yield, ascending, the epoch ids the workspace index names for ``ws``."""
     cur = txn.cursor(db=db["ws_epochs"])
     prefix = S.u32(ws)
-    out = []
     if cur.set_range(prefix):
         for key in cur.iternext(values=False):
             if key[:4] != prefix:
-                break
-            out.append(get(txn, db, S.read_u64(key, 4)))
-    return out
+                return
+            yield S.read_u64(key, 4)
+
+
+def all_of(txn, db, ws: int) -> list[Epoch]:
+    """Every epoch of ``ws``, by id.  An index key whose epoch record is gone (damage
+    that fsck reports, see ``_check``) is skipped, so callers never see ``None``."""
+    return [e for e in (get(txn, db, eid) for eid in ids_of(txn, db, ws)) if e is not None]
 
 
 def close(txn, db, e: Epoch) -> Epoch:

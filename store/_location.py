@@ -18,6 +18,12 @@ def default_store_path() -> pathlib.Path:
     return pathlib.Path.home() / ".local" / "share" / "rewindfs"
 
 
+def is_inside(path: bytes, root: bytes) -> bool:
+    """True if real path *path* is *root* or lies below it (both resolved)."""
+    root = root.rstrip(b"/") or b"/"
+    return path == root or path.startswith(root + b"/") or root == b"/"
+
+
 def check_outside(store_real: bytes, workspace_real: bytes) -> None:
     """Raise ``StoreInsideWorkspace`` if the store is the workspace or lies under it.
 
@@ -25,7 +31,6 @@ def check_outside(store_real: bytes, workspace_real: bytes) -> None:
     touched: the daemon calls this for a path it may have mounted over, and touching its
     own mount from inside would deadlock.
     """
-    ws = workspace_real.rstrip(b"/") or b"/"
-    inside = store_real == ws or store_real.startswith(ws if ws == b"/" else ws + b"/")
-    if inside:
+    if is_inside(store_real, workspace_real):
+        ws = workspace_real.rstrip(b"/") or b"/"
         raise StoreInsideWorkspace(store=os.fsdecode(store_real), workspace=os.fsdecode(ws))

@@ -27,7 +27,7 @@ from . import _epoch, _intent, _journal, _plan, _point, _session, _txn
 from . import _schema as S
 from ._blob import BlobArea
 from ._errors import StoreError
-from ._location import check_outside, default_store_path
+from ._location import check_outside, default_store_path, is_inside
 from ._preimage import PreImage, check_relpath
 
 log = logging.getLogger(__name__)
@@ -135,6 +135,16 @@ class Store:
         with self._r() as txn:
             return [(S.read_u32(k), bytes(v)) for k, v in txn.cursor(db=self._db["ws_paths"])]
 
+    def workspace_containing(self, real_path) -> tuple[int, bytes] | None:
+        """``(id, root)`` of the innermost known workspace that is ``real_path`` or
+        contains it (a resolved absolute path), or None.  Never creates one."""
+        real_path = os.path.normpath(os.fsencode(real_path))
+        best = None
+        for ws, root in self.workspaces():
+            if is_inside(real_path, root) and (best is None or len(root) > len(best[1])):
+                best = (ws, root)
+        return best
+
     # -- epochs and sessions --------------------------------------------------------
     def current_epoch(self, ws) -> _epoch.Epoch:
         with self._r() as txn:
@@ -155,13 +165,19 @@ class Store:
         self.flush()
         return e
 
-    def end_turn(self, ws) -> _epoch.Epoch:
+    def end_turn(self, ws, session: str | None = None) -> _epoch.Epoch:
         """Close the open turn and open an ``idle`` epoch (returned); without an open
-        turn, return the current epoch unchanged."""
+        turn, return the current epoch unchanged.  With ``session``, the open turn must
+        belong to it (``BadSession`` otherwise, and nothing changes): a harness ending
+        its own turn never closes another session's."""
         with self._w() as txn:
             cur = _epoch.current(txn, self._db, ws)
             if cur.kind != "turn":
                 return cur
+            if session is not None and cur.session != session:
+                raise _session.BadSession(
+                    session=session, reason=f"the open turn belongs to session "
+                                            f"{cur.session!r}; nothing was ended")
             e = _epoch.open_new(txn, self._db, ws, "idle")
         self.flush()
         return e
@@ -194,6 +210,15 @@ class Store:
     def epochs(self, ws) -> list[_epoch.Epoch]:
         with self._r() as txn:
             return _epoch.all_of(txn, self._db, ws)
+
+    def points(self, ws, session: str | None = None) -> list[_epoch.Epoch]:
+        """The epochs a user can rewind to: all of the workspace's, or those of
+        ``session`` and its fork ancestry (in the session's order)."""
+        if session is None:
+            return self.epochs(ws)
+        with self._r() as txn:
+            return [_epoch.get_known(txn, self._db, eid)
+                    for _turn, eid in _session.points(txn, self._db, ws, session)]
 
     def epoch(self, epoch_id) -> _epoch.Epoch:
         with self._r() as txn:

@@ -54,7 +54,7 @@ def _blank() -> dict:
 
 
 def _workspace_section(txn, db, ws: int, path: bytes) -> dict:
-    epochs = [e for e in _epoch.all_of(txn, db, ws) if e is not None]
+    epochs = _epoch.all_of(txn, db, ws)
     total, sessions = _blank(), {}
     for e in epochs:
         _add(total, e)

@@ -82,7 +82,7 @@ def standard_reply(req):
     if m == "points":
         return ok(req, {"points": POINTS})
     if m == "rewind":
-        if p["to"] not in (4, 6, "e4", "e6"):
+        if p["to"] not in (4, 6, "e4", "e6", "t1", "t2"):
             return err(req, "unknown-point", f"No point {p['to']!r}")
         events = [{"v": 1, "id": req["id"], "event": {"type": "rewind.planned", "actions": 2}}]
         return events + ok(req, {"epoch": 20, "target": p["to"], "written": 1, "deleted": 1,
@@ -184,8 +184,10 @@ def test_agent_api(daemon):
         with rw.turn("s1", 4, "boom"):
             raise ValueError
     assert daemon.requests[-1]["method"] == "turn.end"  # ended also when the block raises
-    assert rw.rewind(2, session="s1").target == "e6"
-    assert daemon.requests[-1]["params"] == {"to": "e6", "session": "s1"}
+    assert rw.rewind(2, session="s1").target == "t2"   # the daemon resolves the turn
+    assert daemon.requests[-1]["params"] == {"to": "t2", "session": "s1"}
+    assert rw.rewind(epoch=6).target == "e6"
+    assert rw.epoch_of(2, "s1") == 6
     with pytest.raises(RewindfsClientError) as exc:
         rw.rewind(7, session="s1")
     assert exc.value.code == "unknown-point"
@@ -276,6 +278,8 @@ def test_agent_api_against_the_real_daemon(tmp_path):
             assert turns == [(1, "create"), (2, "change")]
             result = rw.rewind(2, session="agent-1")
             assert not result.partial
+            # keep.txt given its old content, new.bin brought back
+            assert (result.written, result.created, result.deleted) == (1, 1, 0)
             assert (ws / "keep.txt").read_text() == "v1\n"
             assert (ws / "sub" / "new.bin").read_bytes() == b"\0\1\2"
             with pytest.raises(RewindfsClientError) as exc:

@@ -12,6 +12,7 @@ import pytest
 
 from mountkit import mounted
 from overlay._protocol import BadParams, BadVersion, UnknownMethod, call, parse_request
+from store._errors import RewindfsError
 
 pytestmark = pytest.mark.mount
 
@@ -64,6 +65,9 @@ def test_turns_status_points(m):
     assert st["open_turn"]["turn"] == 1 and st["open_turn"]["label"] == "first line"
     assert st["epoch"] == r1["epoch"] and st["workspace"] == os.path.realpath(m.ws)
     assert st["socket"] == os.fsdecode(m.socket) and st["pid"] == m.proc.pid
+    with pytest.raises(RewindfsError) as exc:     # another session's turn stays open
+        call(m.socket, "turn.end", {"session": "intruder"})
+    assert exc.value.code == "bad-session" and m.call("status")["open_turn"]["turn"] == 1
     r2 = m.call("turn.end", session="s1")
     assert r2["epoch"] > r1["epoch"]
     assert m.call("status")["open_turn"] is None

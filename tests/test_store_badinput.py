@@ -169,3 +169,37 @@ def test_relative_workspace_path_is_refused(store):
     from store import StoreError
     with pytest.raises(StoreError):
         store.workspace(b"relative/path")
+
+
+def test_end_turn_of_another_session_changes_nothing(store, ws):
+    from store import BadSession
+    turn = store.begin_turn(ws, "alice", 1, "hers")
+    with pytest.raises(BadSession) as info:
+        store.end_turn(ws, session="bob")
+    assert info.value.code == "bad-session" and "alice" in str(info.value)
+    assert store.open_turn(ws) == turn            # still open, nothing ended
+    idle = store.end_turn(ws, session="alice")
+    assert idle.kind == "idle" and store.open_turn(ws) is None
+
+
+def test_points_of_a_session_follow_its_fork(store, ws):
+    a1 = store.begin_turn(ws, "a", 1, "one")
+    store.end_turn(ws)
+    a2 = store.begin_turn(ws, "a", 2, "two")
+    store.end_turn(ws)
+    store.fork_session("b", "a", 1)
+    b2 = store.begin_turn(ws, "b", 2, "other two")
+    store.end_turn(ws)
+    assert [e.id for e in store.points(ws, "b")] == [a1.id, b2.id]
+    assert [e.id for e in store.points(ws, "a")] == [a1.id, a2.id]
+    assert [e.id for e in store.points(ws)] == [e.id for e in store.epochs(ws)]
+    assert store.points(ws, "b")[0].as_point()["label"] == "one"
+
+
+def test_workspace_containing_picks_the_innermost(store, tmp_path):
+    outer = store.workspace(str(tmp_path / "w"))
+    inner = store.workspace(str(tmp_path / "w" / "sub"))
+    deep = os.fsencode(tmp_path / "w" / "sub" / "x" / "y")
+    assert store.workspace_containing(deep)[0] == inner
+    assert store.workspace_containing(os.fsencode(tmp_path / "w" / "subx"))[0] == outer
+    assert store.workspace_containing(os.fsencode(tmp_path / "elsewhere")) is None
