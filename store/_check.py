@@ -3,7 +3,9 @@
 Checks, each reported as a typed ``Problem(code, message, paths)``:
 
 - every blob entry reads back with the right size and hash (``blob-corrupt``,
-  ``blob-missing``), naming the journal paths whose pre-images depend on it;
+  ``blob-missing``; a compressed inline payload is decoded first, and one that does
+  not decode is ``blob-corrupt``), naming the journal paths whose pre-images depend
+  on it;
 - every file pre-image names a blob that has an entry (``missing-blob-ref``);
 - journal and per-path index agree entry for entry (``index-mismatch``), and every
   journal entry belongs to an existing epoch of its workspace (``dangling-journal``);

@@ -37,7 +37,7 @@ class GcReport:
     epochs_dropped: int = 0
     entries_dropped: int = 0
     blobs_removed: int = 0
-    bytes_freed: int = 0
+    bytes_freed: int = 0      # logical (uncompressed) size of the blobs removed
     files_removed: int = 0
 
     def to_dict(self) -> dict:

@@ -6,7 +6,8 @@ LMDB's byte order is numeric order and a cursor ``set_range`` finds "the first e
 at or after N".  Values are msgpack (``use_bin_type``: bytes stay bytes, str stays str)
 except the raw blob payloads.
 
-Schema (``SCHEMA_VERSION`` = 1)::
+Schema (``SCHEMA_VERSION`` = 2; 2 added ``INLINE_ZSTD``, a version-1 store is read as
+is and marked 2 when opened)::
 
     meta        key: ascii name                      value: msgpack
                   b"schema"      -> int  schema version that wrote the store
@@ -34,7 +35,10 @@ Schema (``SCHEMA_VERSION`` = 1)::
                                                              begun for that turn)
     blobs       key: xxh3_128(content) (16 B)        value: [size, where, touched_ns,
                                                              data or None]
-                  where = INLINE (payload in ``data``) | FILE (blobs/ab/cdef...)
+                  where = INLINE       (``data`` is the content)
+                        | INLINE_ZSTD  (``data`` is one zstd frame of the content)
+                        | FILE         (content in blobs/ab/cdef..., ``data`` None)
+                  key and size are always of the uncompressed content.
     intents     key: ws u32                          value: msgpack dict (rewind intent)
 
 ``pkey`` is the path as a key: the path itself when it is at most ``PKEY_LIMIT`` bytes
@@ -55,7 +59,7 @@ import xxhash
 
 from ._errors import SchemaTooNew, StoreError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 DATABASES = (
     b"meta", b"workspaces", b"ws_paths", b"epochs", b"ws_epochs", b"journal",
@@ -65,7 +69,7 @@ DATABASES = (
 # Sparse: LMDB reserves address space, not disk.  1 TiB is far beyond any store.
 MAP_SIZE = 1 << 40
 PKEY_LIMIT = 448
-INLINE, FILE = 0, 1
+INLINE, FILE, INLINE_ZSTD = 0, 1, 2
 
 _U32 = struct.Struct(">I")
 _U64 = struct.Struct(">Q")
@@ -165,5 +169,10 @@ def _check_version(env: lmdb.Environment, meta, index_dir: str) -> None:
             txn.put(b"next_ws", pack(1))
             return
         found = unpack(raw)
+        if found < SCHEMA_VERSION:
+            # every older layout is still read; an older program must now refuse the
+            # store instead of mistaking a compressed entry for a missing blob file
+            txn.put(b"schema", pack(SCHEMA_VERSION))
+            return
     if found > SCHEMA_VERSION:
         raise SchemaTooNew(path=index_dir, found=found, supported=SCHEMA_VERSION)

@@ -4,10 +4,11 @@
 blob files) and costs one pass over the workspace's epochs and one ``stat`` per blob
 file — it never reads blob content, so it stays cheap on a large store.  Per workspace
 and per session the figures are the pre-image bytes recorded (``Epoch.bytes``, *before*
-deduplication: what retention by ``max_bytes`` counts) and the journal entries; the
-store section gives the real footprint on disk.  Epochs without a session are ``idle``
-(a person's edits between turns) or rewinds not attributed to one; they are reported
-under ``"(none)"``.
+deduplication and compression: logical bytes, what retention by ``max_bytes`` counts)
+and the journal entries; the store section gives the real footprint on disk (after
+dedup and zstd of inline blobs), so ``disk_bytes`` can be well below the recorded
+bytes.  Epochs without a session are ``idle`` (a person's edits between turns) or
+rewinds not attributed to one; they are reported under ``"(none)"``.
 """
 
 from __future__ import annotations

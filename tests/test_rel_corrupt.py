@@ -18,7 +18,8 @@ from store import _schema as S
 from treesnap import snapshot
 
 BIG = 1_300_000     # a blob file
-SMALL = 3000        # an inline blob
+SMALL = 3000        # an inline blob (random: stored raw)
+TEXT = b"".join(b"line %d of a source file\n" % i for i in range(200))   # stored zstd
 
 
 def _lines(out: str) -> list[dict]:
@@ -30,7 +31,7 @@ def _history(tmp_path):
     ws, store_path = tmp_path / "ws", tmp_path / "store"
     ws.mkdir()
     base = {b"big": os.urandom(BIG), b"small": os.urandom(SMALL),
-            b"ok1": b"fine one", b"d/ok2": os.urandom(SMALL + 1)}
+            b"ok1": b"fine one", b"d/ok2": os.urandom(SMALL + 1), b"text": TEXT}
     (ws / "d").mkdir()
     for rel, data in base.items():
         (ws / os.fsdecode(rel)).write_bytes(data)
@@ -71,6 +72,14 @@ def damage_inline(store, ws_id, epoch, rel) -> None:
         txn.put(key, S.pack([size, where, touched, _flip(data, 10)]), db=store._db["blobs"])
 
 
+def damage_inline_zstd(store, ws_id, epoch, rel) -> None:
+    key = _blob_of(store, ws_id, epoch, rel)
+    with store._w() as txn:
+        size, where, touched, data = S.unpack(txn.get(key, db=store._db["blobs"]))
+        assert where == S.INLINE_ZSTD
+        txn.put(key, S.pack([size, where, touched, _flip(data, 20)]), db=store._db["blobs"])
+
+
 def damage_journal(store, ws_id, epoch, rel) -> None:
     with store._w() as txn:
         txn.put(S.journal_key(ws_id, epoch, rel), b"\xc1garbage", db=store._db["journal"])
@@ -82,7 +91,7 @@ def damage_path_index(store, ws_id, epoch, rel) -> None:
 
 
 DAMAGE = {"blob-file": (damage_blob_file, b"big"), "inline": (damage_inline, b"small"),
-          "journal": (damage_journal, b"d/ok2")}
+          "inline-zstd": (damage_inline_zstd, b"text"), "journal": (damage_journal, b"d/ok2")}
 
 
 def test_lost_path_index_entry_is_reported_and_the_rewind_still_lands(tmp_path):

@@ -83,6 +83,18 @@ def test_newer_schema_is_refused(store_path):
     assert info.value.code == "schema-too-new"
 
 
+def test_version_1_store_opens_and_is_marked_current(store_path):
+    """Version 2 only added compressed inline blobs: a version-1 store is read as it is,
+    and marked 2 so that an older program refuses it rather than misreading it."""
+    with Store.open(store_path) as s:
+        with s._w() as txn:
+            txn.put(b"schema", S.pack(1), db=s._db["meta"])
+    with Store.open(store_path) as s:
+        with s._r() as txn:
+            assert S.unpack(txn.get(b"schema", db=s._db["meta"])) == S.SCHEMA_VERSION == 2
+        assert s.fsck().ok
+
+
 def test_missing_store_without_create(tmp_path):
     from store import StoreError
     with pytest.raises(StoreError):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import subprocess
 import sys
@@ -12,6 +13,7 @@ import xxhash
 
 from store import BlobCollision, BlobCorrupt, BlobMissing, PreImage
 from store import _blob
+from store import _schema as S
 from store_fixtures import store, store_path, ws  # noqa: F401  (fixtures)
 
 
@@ -127,7 +129,6 @@ def test_corrupt_inline_blob(store):
     key, _ = store.put_bytes(b"small content")
     fake = xxhash.xxh3_128(b"other").digest()
     # store the bytes under a wrong key: reading must notice
-    from store import _schema as S
     with store._w() as txn:
         txn.put(fake, S.pack([13, S.INLINE, 0, b"small content"]), db=store._db["blobs"])
     with pytest.raises(BlobCorrupt):
@@ -180,3 +181,174 @@ def test_large_put_streams_without_holding_the_file(tmp_path):
                          check=True)
     grown_mib = int(out.stdout.strip())
     assert grown_mib < 64, f"put_fd of 512 MiB grew the process by {grown_mib} MiB"
+
+
+# -- compressed inline payloads ----------------------------------------------------
+
+def _text(size: int) -> bytes:
+    """Compressible content of exactly ``size`` bytes (source-like lines)."""
+    lines = b"".join(b"def f%d(x):\n    return x * %d\n" % (i, i) for i in range(size // 20 + 1))
+    return lines[:size]
+
+
+def _entry(store, key):
+    return store.blobs.entry(key)
+
+
+Z = _blob.ZSTD_MIN
+
+
+@pytest.mark.parametrize("size", [Z - 1, Z, Z + 1, 4096, 3 * 4096 + 5, _blob.INLINE_MAX])
+@pytest.mark.parametrize("content", ["text", "random"])
+def test_inline_blobs_round_trip_compressed_only_when_it_pays(store, tmp_path, size, content):
+    data = _text(size) if content == "text" else os.urandom(size)
+    fd = _file(tmp_path, data)
+    try:
+        key, n = store.put_fd(fd)
+    finally:
+        os.close(fd)
+    assert (key, n) == (xxhash.xxh3_128(data).digest(), size)   # of the uncompressed bytes
+    assert store.read_blob(key) == data
+    size_field, kind, _, payload = _entry(store, key)
+    assert size_field == size
+    if content == "text" and size > Z:
+        assert kind == S.INLINE_ZSTD and len(payload) < size // 2
+    else:   # small, or incompressible: kept as it is
+        assert (kind, payload) == (S.INLINE, data)
+    assert not os.path.exists(store.blobs.file_path(key))
+
+
+def test_dedup_hit_against_a_compressed_entry(store, tmp_path):
+    data = _text(20_000)
+    key, _ = store.put_bytes(data)
+    first = _entry(store, key)
+    assert first[1] == S.INLINE_ZSTD
+    fd = _file(tmp_path, data)
+    try:
+        assert store.put_fd(fd) == (key, len(data))
+    finally:
+        os.close(fd)
+    again = _entry(store, key)
+    assert store.statistics()["entries"]["blobs"] == 1
+    assert again[1:4:2] == first[1:4:2]      # same kind and payload, only touched moved
+    assert again[2] >= first[2]
+    assert store.read_blob(key) == data
+
+
+def test_collision_with_a_compressed_entry_changes_nothing(store, monkeypatch):
+    first = _text(10_000)
+    key, _ = store.put_bytes(first)
+    entry = _entry(store, key)
+
+    class Same:
+        def __init__(self, *a):
+            pass
+
+        def update(self, _):
+            pass
+
+        def digest(self):
+            return key
+
+    monkeypatch.setattr(_blob.xxhash, "xxh3_128", Same)
+    with pytest.raises(BlobCollision):     # same size, different bytes
+        store.put_bytes(first[:-1] + b"!")
+    monkeypatch.undo()
+    assert _entry(store, key) == entry
+    assert store.read_blob(key) == first
+
+
+def _set_payload(store, key, payload=None, size=None):
+    with store._w() as txn:
+        entry = S.unpack(txn.get(key, db=store._db["blobs"]))
+        if payload is not None:
+            entry[3] = payload
+        if size is not None:
+            entry[0] = size
+        txn.put(key, S.pack(entry), db=store._db["blobs"])
+
+
+DAMAGED_ZSTD = {
+    "flip": lambda p: p[:40] + bytes([p[40] ^ 0xFF]) + p[41:],
+    "truncate": lambda p: p[: len(p) // 2],
+    "garbage": lambda p: b"\xc0" * len(p),
+    "tail": lambda p: p + b"\0" * 8,      # trailing bytes after the frame
+}
+
+
+@pytest.mark.parametrize("how", sorted(DAMAGED_ZSTD))
+def test_damaged_compressed_payload_is_blob_corrupt_and_repaired(store, ws, how):
+    data = _text(30_000)
+    key, n = store.put_bytes(data)
+    payload = _entry(store, key)[3]
+    e = store.current_epoch(ws)
+    store.record(ws, e.id, [(b"src/z.py", PreImage("file", 0o644, size=n, blob=key))])
+    _set_payload(store, key, DAMAGED_ZSTD[how](payload))
+    if how == "tail":   # the frame still decodes to the right bytes: tolerated
+        assert store.read_blob(key) == data
+        return
+    with pytest.raises(BlobCorrupt) as info:
+        store.read_blob(key)
+    assert info.value.code == "blob-corrupt"
+    report = store.fsck()
+    assert [(p.code, p.paths) for p in report.errors] == [("blob-corrupt", (b"src/z.py",))]
+    # a fresh put of the right content replaces the damaged entry
+    assert store.put_bytes(data) == (key, n)
+    assert _entry(store, key)[3] == payload
+    assert store.read_blob(key) == data
+
+
+def test_compressed_frame_naming_another_size_is_corrupt(store):
+    """The frame header's size is checked before it is allocated."""
+    data = _text(8000)
+    key, _ = store.put_bytes(data)
+    other = _blob._codec()[0].compress(_text(9000))
+    _set_payload(store, key, other)
+    with pytest.raises(BlobCorrupt, match="size field 9000"):
+        store.read_blob(key)
+    store.put_bytes(data)   # repair, for the fixture's fsck
+
+
+def test_disk_full_put_is_not_fooled_by_a_damaged_compressed_entry(store, tmp_path):
+    """``_known_despite_full`` compares decoded bytes; a damaged entry is no match."""
+    data = _text(50_000)
+    key, _ = store.put_bytes(data)
+    _set_payload(store, key, b"\0" * 100)
+    fd = _file(tmp_path, data)
+    try:
+        h = xxhash.xxh3_128()
+        assert store.blobs._known_despite_full(fd, h, 0) is None
+    finally:
+        os.close(fd)
+    store.put_bytes(data)
+
+
+def test_old_format_inline_entry_still_reads_and_dedups(store, ws):
+    """An entry written before compression (raw INLINE above ZSTD_MIN) keeps working."""
+    data = _text(12_000)
+    key = xxhash.xxh3_128(data).digest()
+    with store._w() as txn:
+        txn.put(key, S.pack([len(data), S.INLINE, 0, data]), db=store._db["blobs"])
+    assert store.read_blob(key) == data
+    assert store.put_bytes(data) == (key, len(data))   # a dedup hit: no rewrite
+    size, kind, touched, payload = _entry(store, key)
+    assert (size, kind, payload) == (len(data), S.INLINE, data) and touched > 0
+    e = store.current_epoch(ws)
+    store.record(ws, e.id, [(b"old.py", PreImage("file", 0o644, size=size, blob=key))])
+    assert store.fsck().ok
+
+
+def test_compressed_blobs_from_several_threads(store):
+    """Each thread has its own zstd objects (sharing one crashes the process): puts and
+    reads of compressed blobs from four threads at once."""
+    def work(t):
+        mine = [_text(30_000 + 97 * i) + b"thread %d blob %d" % (t, i) for i in range(20)]
+        keys = [store.put_bytes(data)[0] for data in mine]
+        for _ in range(10):
+            for key, data in zip(keys, mine):
+                assert store.read_blob(key) == data
+        return keys
+
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        keys = [k for r in pool.map(work, range(4)) for k in r]
+    assert {_entry(store, k)[1] for k in keys} == {S.INLINE_ZSTD}
