@@ -9,6 +9,7 @@ current state, read through the root fd without following symlinks).
 from __future__ import annotations
 
 import dataclasses
+import errno
 import os
 from dataclasses import dataclass
 
@@ -41,15 +42,29 @@ class Change:
 
 
 def state_now(root_fd: int, store, path: bytes) -> PreImage:
-    """The current image of ``path`` with its real content key (hashed, not stored)."""
-    img = snapshot(root_fd, path, store, with_content=False)
-    if img.kind != "file":
-        return img
-    dir_fd, name = open_parent(root_fd, path)
-    try:
-        return dataclasses.replace(img, blob=L.file_key(dir_fd, name))
-    finally:
-        os.close(dir_fd)
+    """The current image of ``path`` with its real content key (hashed, not stored).
+
+    The tree may change while we look (diff runs beside a working agent): a file that
+    is renamed away or removed between the ``lstat`` and the hash is looked at again,
+    and one that keeps vanishing counts as absent."""
+    for _attempt in range(_RACE_RETRIES):
+        img = snapshot(root_fd, path, store, with_content=False)
+        if img.kind != "file":
+            return img
+        try:
+            dir_fd, name = open_parent(root_fd, path)
+            try:
+                return dataclasses.replace(img, blob=L.file_key(dir_fd, name))
+            finally:
+                os.close(dir_fd)
+        except OSError as exc:   # gone, or its parent or itself swapped for a symlink
+            if exc.errno not in _VANISHED:
+                raise
+    return PreImage.ABSENT
+
+
+_RACE_RETRIES = 3
+_VANISHED = (errno.ENOENT, errno.ENOTDIR, errno.ELOOP)
 
 
 def state_of(root_fd: int, store, ws: int, epoch: int | None, path: bytes) -> PreImage:

@@ -1,0 +1,68 @@
+"""``state_now`` beside a working agent: a file renamed away or replaced between the
+``lstat`` and the hash is looked at again, never an error (seen as ENOENT from
+``rewindfs diff`` while a tool replaced files by temp + rename)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import xxhash
+
+from overlay import _diff
+
+
+def _root(tmp_path):
+    return os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+
+
+def test_file_renamed_away_while_hashing_is_looked_at_again(tmp_path, monkeypatch):
+    (tmp_path / "f").write_bytes(b"old")
+    real_key, calls = _diff.L.file_key, []
+
+    def racing_key(dir_fd, name):
+        calls.append(name)
+        if len(calls) == 1:   # the agent replaces f (temp + rename) under our feet,
+            (tmp_path / "f.tmp").write_bytes(b"new content")   # and our open missed it
+            os.rename(tmp_path / "f.tmp", tmp_path / "f")
+            raise FileNotFoundError(2, "gone")
+        return real_key(dir_fd, name)
+
+    monkeypatch.setattr(_diff.L, "file_key", racing_key)
+    fd = _root(tmp_path)
+    try:
+        img = _diff.state_now(fd, None, b"f")
+    finally:
+        os.close(fd)
+    assert len(calls) == 2
+    assert img.kind == "file" and img.size == len(b"new content")
+    assert img.blob == xxhash.xxh3_128(b"new content").digest()
+
+
+def test_file_that_keeps_vanishing_counts_as_absent(tmp_path, monkeypatch):
+    (tmp_path / "f").write_bytes(b"x")
+
+    def always_gone(dir_fd, name):
+        raise FileNotFoundError(2, "gone")
+
+    monkeypatch.setattr(_diff.L, "file_key", always_gone)
+    fd = _root(tmp_path)
+    try:
+        assert _diff.state_now(fd, None, b"f").kind == "absent"
+    finally:
+        os.close(fd)
+
+
+def test_other_errors_still_surface(tmp_path, monkeypatch):
+    (tmp_path / "f").write_bytes(b"x")
+
+    def denied(dir_fd, name):
+        raise PermissionError(13, "denied")
+
+    monkeypatch.setattr(_diff.L, "file_key", denied)
+    fd = _root(tmp_path)
+    try:
+        with pytest.raises(PermissionError):   # not taken for a vanished file
+            _diff.state_now(fd, None, b"f")
+    finally:
+        os.close(fd)
