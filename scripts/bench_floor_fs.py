@@ -302,6 +302,40 @@ class OursNoCapture(RewindOperations):
         pass
 
 
+_HANDLERS = ("lookup", "forget", "getattr", "setattr", "readlink", "statfs", "mkdir",
+             "symlink", "link", "unlink", "rmdir", "rename", "open", "create", "read",
+             "write", "flush", "fsync", "release", "opendir", "readdir", "releasedir",
+             "fsyncdir", "getxattr", "listxattr", "setxattr", "mknod", "removexattr",
+             "access")
+
+
+def count_requests(fs, dump_path: str) -> None:
+    """Count every request reaching *fs* by handler; SIGUSR1 writes the counts (JSON)
+    to *dump_path*.  For the request-count model in bench_roundtrip.py --count."""
+    import collections
+    import json
+    import signal
+
+    counts = collections.Counter()
+
+    def wrap(name, fn):
+        async def counted(*args):
+            counts[name] += 1
+            return await fn(*args)
+        return counted
+
+    for name in _HANDLERS:
+        setattr(fs, name, wrap(name, getattr(fs, name)))
+
+    def dump(signum, frame):
+        tmp = dump_path + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(counts, f)
+        os.rename(tmp, dump_path)
+
+    signal.signal(signal.SIGUSR1, dump)
+
+
 async def _serve() -> None:
     _fastloop.install()
     await pyfuse3.main(min_tasks=1, max_tasks=1)
@@ -320,6 +354,8 @@ def main(argv: list[str]) -> int:
         fs = MinimalOps(os.fsencode(src), writeback)
     opts = {o for o in _mount_options() if not o.startswith(("fsname=", "subtype="))}
     opts |= {f"fsname=floor-{mode}", f"subtype=floor-{mode}"}
+    if os.environ.get("FLOOR_COUNT_FILE"):
+        count_requests(fs, os.environ["FLOOR_COUNT_FILE"])
     os.umask(0)
     os.chdir("/")
     pyfuse3.init(fs, mnt, opts)
