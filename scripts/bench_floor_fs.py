@@ -183,12 +183,13 @@ class MinimalOps(pyfuse3.Operations):
             raise FUSEError(errno.EINVAL)
         old, new = self._child(parent_old, name_old), self._child(parent_new, name_new)
         os.rename(old, new)
-        prefix = old + b"/"
-        for ino, p in list(self.paths.items()):  # a moved directory moves its subtree
-            if p == old:
-                self.paths[ino] = new
-            elif p.startswith(prefix):
-                self.paths[ino] = new + p[len(old):]
+        st = os.lstat(new)
+        self.paths[self._ino(st)] = new
+        if stat.S_ISDIR(st.st_mode):  # a moved directory moves its subtree (rare: scan)
+            prefix = old + b"/"
+            for ino, p in list(self.paths.items()):
+                if p.startswith(prefix):
+                    self.paths[ino] = new + p[len(old):]
 
     # -- files ----------------------------------------------------------------------------
 
