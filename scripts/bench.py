@@ -12,6 +12,10 @@ Results are also written as JSON (``--out``).  Run as root (it mounts FUSE):
 
 What each figure means and the last full run: docs/benchmarks.md.
 
+``--targets ... floor-ours floor-min`` adds the floor: rewindfs's FUSE configuration
+with no capture (scripts/bench_floor_fs.py); ``--external-target NAME=CMD`` adds any
+FUSE daemon run as ``CMD SRC MNT`` in the foreground (e.g. libfuse's passthrough_hp).
+
 The passthrough example is taken from pyfuse3's source distribution at run time
 (``pip download --no-binary``) and never committed.
 """
@@ -23,6 +27,7 @@ import json
 import os
 import platform
 import random
+import shlex
 import shutil
 import socket
 import sqlite3
@@ -233,17 +238,54 @@ def rewindfs_target(work: Path, store: Path, session: str = "bench"):
 
 
 @contextmanager
-def naive_target(work: Path, example: Path):
-    src = work / "naive-src"
-    mnt = work / "naive"
+def mount_cmd_target(work: Path, name: str, argv: list[str]):
+    """A FUSE filesystem started as ``argv + [SRC, MNT]`` that stays in the foreground
+    until ``fusermount3 -u MNT``: the naive reference, the floor targets, external ones."""
+    src = work / f"{name}-src"
+    mnt = work / name
     src.mkdir()
     mnt.mkdir()
-    proc = subprocess.Popen([PY, str(example), str(src), str(mnt)])
+    proc = subprocess.Popen([*argv, str(src), str(mnt)])
     try:
         _wait_mounted(mnt, proc)
         yield mnt, proc
     finally:
         _unmount(mnt, proc)
+
+
+def naive_target(work: Path, example: Path):
+    return mount_cmd_target(work, "naive", [PY, str(example)])
+
+
+FLOOR_FS = Path(__file__).resolve().parent / "bench_floor_fs.py"
+# rewindfs's kernel-facing configuration without capture/store/socket (bench_floor_fs.py):
+# "floor-ours" is RewindOperations with capture a no-op, "floor-min" a minimal passthrough.
+FLOOR_TARGETS = {"floor-ours": [PY, str(FLOOR_FS), "ours"],
+                 "floor-min": [PY, str(FLOOR_FS), "min"]}
+
+
+def parse_external(specs: list[str]) -> dict[str, list[str]]:
+    """``NAME=CMD`` → {NAME: argv}; CMD (shell words) is run as ``CMD SRC MNT`` and must
+    stay in the foreground until unmounted."""
+    out = {}
+    for spec in specs:
+        name, sep, cmd = spec.partition("=")
+        if not sep or not name or not cmd.strip():
+            raise SystemExit(f"--external-target wants NAME=CMD, got {spec!r}")
+        out[name] = shlex.split(cmd)
+    return out
+
+
+def target_cm(target: str, rep_dir: Path, store: Path, session: str, example, external):
+    """The context manager of one target, yielding (directory, handle)."""
+    if target == "bare":
+        return bare_target(rep_dir)
+    if target == "rewindfs":
+        return rewindfs_target(rep_dir, store, session=session)
+    if target == "naive":
+        return naive_target(rep_dir, example)
+    argv = FLOOR_TARGETS.get(target) or external[target]
+    return mount_cmd_target(rep_dir, target, argv)
 
 
 def fetch_passthrough_example(cache: Path) -> Path:
@@ -323,7 +365,7 @@ def run_suite(target_cm, ctx, fuse: bool) -> dict[str, float]:
 
 def suite(args, work: Path, store: Path, example: Path | None, ctx) -> dict:
     results: dict[str, dict[str, list[float]]] = {}
-    targets = [t for t in args.targets if t != "naive" or example]
+    targets = [t for t in args.targets if t != "naive" or example] + list(args.external)
     for rep in range(args.reps):
         # Rotate the order so no target always runs right after another one.  Rep
         # directories are kept until the end: ext4 skips (and scans past) inodes freed
@@ -332,13 +374,11 @@ def suite(args, work: Path, store: Path, example: Path | None, ctx) -> dict:
         for target in targets[rep % len(targets):] + targets[:rep % len(targets)]:
             rep_dir = work / f"{target}-{rep}"
             rep_dir.mkdir()
-            cm = {"bare": lambda: bare_target(rep_dir),
-                  "rewindfs": lambda: rewindfs_target(rep_dir, store, session=f"bench{rep}"),
-                  "naive": lambda: naive_target(rep_dir, example)}[target]()
+            cm = target_cm(target, rep_dir, store, f"bench{rep}", example, args.external)
             times = run_suite(cm, ctx, fuse=target != "bare")
             for name, t in times.items():
                 results.setdefault(target, {}).setdefault(name, []).append(t)
-            print(f"  rep {rep + 1}/{args.reps} {target:9s} total {sum(times.values()):7.2f} s", flush=True)
+            print(f"  rep {rep + 1}/{args.reps} {target:12s} total {sum(times.values()):7.2f} s", flush=True)
     return results
 
 
@@ -373,6 +413,18 @@ def print_suite(table: dict) -> None:
     if "naive" in table and "rewindfs" in table:
         print(f"rewindfs vs naive reference (geomean): "
               f"{table['naive']['geomean_ratio'] / table['rewindfs']['geomean_ratio']:.2f}x faster")
+    for line in floor_lines(table):
+        print(line)
+
+
+def floor_lines(table: dict) -> list[str]:
+    """rewindfs against each floor target: how much of its geomean the floor already is."""
+    if "rewindfs" not in table:
+        return []
+    rw = table["rewindfs"]["geomean_ratio"]
+    return [f"floor {t}: geomean {table[t]['geomean_ratio']:.2f}x bare; rewindfs is "
+            f"{rw / table[t]['geomean_ratio']:.2f}x this floor"
+            for t in table if t not in ("bare", "rewindfs", "naive")]
 
 
 # --- turn marks, rewind, store, RSS -----------------------------------------------
@@ -672,6 +724,9 @@ def markdown(report: dict) -> str:
         out.append("| **geometric mean** | " + " | ".join(
             f"**{suite[t]['geomean_ratio']:.2f}×**" for t in targets) + " |")
         out.append("")
+        lines = floor_lines(suite)
+        if lines:
+            out += [f"- {ln}" for ln in lines] + [""]
     marks = report.get("turn_marks", {})
     if marks:
         out += ["| turn mark on | p50 | p99 |", "|---|---|---|"]
@@ -706,12 +761,18 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="smaller sizes, for a smoke run")
     ap.add_argument("--no-naive", action="store_true", help="skip the naive passthrough reference")
     ap.add_argument("--targets", nargs="+", default=["bare", "rewindfs", "naive"],
-                    choices=["bare", "rewindfs", "naive"])
+                    choices=["bare", "rewindfs", "naive", *FLOOR_TARGETS],
+                    help="floor-ours / floor-min: rewindfs's FUSE configuration without "
+                         "capture (scripts/bench_floor_fs.py)")
+    ap.add_argument("--external-target", action="append", default=[], metavar="NAME=CMD",
+                    help="also run the suite on `CMD SRC MNT` (a FUSE daemon that stays in "
+                         "the foreground until unmounted); repeatable")
     ap.add_argument("--only", choices=["suite", "marks", "rewind"], action="append")
     ap.add_argument("--workdir", default=None, help="where to run (default: a temp dir under /tmp)")
     ap.add_argument("--out", default=str(REPO / "bench-results" / "bench.json"))
     ap.add_argument("--markdown", metavar="JSON", help="print the tables of an earlier run")
     args = ap.parse_args(argv)
+    args.external = parse_external(args.external_target)
     if args.markdown:
         print(markdown(json.loads(Path(args.markdown).read_text())))
         return 0
@@ -729,6 +790,8 @@ def main(argv=None) -> int:
     ctx["tarball"], ctx["tar_files"] = make_tarball(cache, 2500)
     report = {"machine": machine_facts(work),
               "params": {k: v for k, v in ctx.items() if k != "tarball"} | {"reps": args.reps}}
+    if args.external:
+        report["external_targets"] = {n: shlex.join(a) for n, a in args.external.items()}
     print("machine:", json.dumps(report["machine"]))
     try:
         if "suite" in only:
