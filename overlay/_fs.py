@@ -667,21 +667,30 @@ class RewindOperations(pyfuse3.Operations):
         behind the kernel's back.  Never blocks (``_notify``); the table drops the name
         if it now names another inode.  ``invalidations_settled()`` waits for delivery.
         """
-        head, name = split(relpath)
-        node = self.table.by_path.get(relpath)
-        if node is not None:
-            try:
-                st = self._lstat(relpath)
-            except OSError:
-                st = None
-            if st is None or (st.st_dev, st.st_ino) != node.key:
-                self.table.unbind(relpath, gone=len(node.paths) <= 1)
-            node.seen = None
-            self.notifier.inode(node.ino)
-        parent = self.table.by_path.get(head)
-        if parent is not None and relpath:
-            self.notifier.entry(parent.ino, name)
-            self.notifier.inode(parent.ino, attr_only=True)
+        self.invalidate_many([relpath])
+
+    def invalidate_many(self, relpaths) -> None:
+        """``invalidate`` of each path; a parent's attributes are dropped once per call,
+        not once per child (a rewind landing 1,000 files in a directory)."""
+        parents: dict[int, None] = {}
+        for relpath in relpaths:
+            head, name = split(relpath)
+            node = self.table.by_path.get(relpath)
+            if node is not None:
+                try:
+                    st = self._lstat(relpath)
+                except OSError:
+                    st = None
+                if st is None or (st.st_dev, st.st_ino) != node.key:
+                    self.table.unbind(relpath, gone=len(node.paths) <= 1)
+                node.seen = None
+                self.notifier.inode(node.ino)
+            parent = self.table.by_path.get(head)
+            if parent is not None and relpath:
+                self.notifier.entry(parent.ino, name)
+                parents[parent.ino] = None
+        for ino in parents:
+            self.notifier.inode(ino, attr_only=True)
 
     async def invalidations_settled(self) -> None:
         """Wait (without blocking trio) until queued invalidations reached the kernel."""

@@ -8,7 +8,8 @@ Wire format (DESIGN.md): one JSON object per line, UTF-8, at most ``MAX_LINE`` b
     ← {"v":1,"id":7,"ok":false,"error":{"code":...,"message":...}}
 
 A handler is ``async def h(ctx, params: dict, emit) -> dict``: ``ctx`` is the daemon's
-``DaemonContext``, ``emit(event)`` an async function sending one progress line.  Handlers
+``DaemonContext``, ``emit(*events)`` an async function sending one progress line per
+event (several in one write).  Handlers
 raise ``RewindfsError`` subclasses for refusals; the server turns them into error
 lines and keeps serving.  ``TABLE`` maps method names to handlers; the restore engine's
 methods are merged in from ``overlay._rewind_service.METHODS`` when that module exists.
@@ -324,8 +325,9 @@ async def dispatch(ctx, line: bytes, send) -> None:
         if handler is None:
             raise UnknownMethod(method=method)
 
-        async def emit(event: dict) -> None:
-            await send(json.dumps({"v": VERSION, "id": rid, "event": event}).encode() + b"\n")
+        async def emit(*events: dict) -> None:
+            await send(b"".join(json.dumps({"v": VERSION, "id": rid, "event": e}).encode()
+                                + b"\n" for e in events))
 
         result = await handler(ctx, params, emit)
         await send(reply_ok(rid, result if result is not None else {}))

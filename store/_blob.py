@@ -18,6 +18,8 @@ Contract:
   blob's temp file fails with ``ENOSPC``, the rest of the content is hashed and a stored
   blob with that key and the same bytes is accepted (the dedup hit the temp file would
   have led to); only new content fails (``StoreFull``).
+- ``put_fds`` puts many files at once: all contents up to ``INLINE_MAX`` in one write
+  transaction (all or none), larger ones one by one through ``put_fd``.
 - Every put (new or dedup hit) sets the entry's ``touched_ns``, which gc's grace period
   is measured from: a capture in flight (blob put, journal entry not yet recorded) is
   never collected.
@@ -133,6 +135,32 @@ class BlobArea:
                     os.close(tmp_fd)
             return self._commit_file(h.digest(), off, tmp_path)
 
+    def put_fds(self, fds) -> list[tuple[bytes, int]]:
+        """``put_fd`` for many files: (key, size) of each fd, in order.
+
+        Every content of at most ``INLINE_MAX`` bytes is committed in ONE write
+        transaction — all of them or none: a full disk or map raises ``StoreFull`` with
+        none of them stored (a batch of 10,000 small files costs one commit instead of
+        10,000).  A larger content goes through ``put_fd`` on its own (own transaction,
+        its full-disk dedup fallback) before that commit.  Identical contents within the
+        batch are verified against each other like any dedup hit.  Each small content
+        is held in memory until the commit: the caller bounds the batch."""
+        out: list = [None] * len(fds)
+        small: list[tuple[int, bytes]] = []
+        with _txn.translate():
+            for i, fd in enumerate(fds):
+                data = _read_inline(fd)
+                if data is None:
+                    out[i] = self.put_fd(fd)
+                else:
+                    small.append((i, data))
+            if small:
+                with _txn.write(self.env) as txn:
+                    for i, data in small:
+                        out[i] = self._commit_inline_in(txn, xxhash.xxh3_128(data).digest(),
+                                                        data)
+        return out
+
     def _known_despite_full(self, fd: int, h, off: int) -> tuple[bytes, int] | None:
         """The disk filled while spooling ``fd``: finish hashing from ``off``; if the
         store already holds that exact content, touch it and return (key, size), else
@@ -179,15 +207,20 @@ class BlobArea:
 
     def _commit_inline(self, key: bytes, data: bytes) -> tuple[bytes, int]:
         with _txn.write(self.env) as txn:
-            raw = txn.get(key, db=self.db)
-            old = None if raw is None else S.unpack(raw)
-            if old is not None and self._accept_existing(key, old, len(data), data, None):
-                self._touch(txn, key, old)
-            else:
-                if old is not None:
-                    self._drop_file(key, old)
-                kind, payload = _encode_inline(data)
-                txn.put(key, S.pack([len(data), kind, time.time_ns(), payload]), db=self.db)
+            return self._commit_inline_in(txn, key, data)
+
+    def _commit_inline_in(self, txn, key: bytes, data: bytes) -> tuple[bytes, int]:
+        """Store one inline blob inside the caller's write transaction ``txn`` (a key
+        put earlier in the same transaction is seen, so a batch dedups within itself)."""
+        raw = txn.get(key, db=self.db)
+        old = None if raw is None else S.unpack(raw)
+        if old is not None and self._accept_existing(key, old, len(data), data, None):
+            self._touch(txn, key, old)
+        else:
+            if old is not None:
+                self._drop_file(key, old)
+            kind, payload = _encode_inline(data)
+            txn.put(key, S.pack([len(data), kind, time.time_ns(), payload]), db=self.db)
         return key, len(data)
 
     def _commit_file(self, key: bytes, size: int, tmp_path: str) -> tuple[bytes, int]:
@@ -337,6 +370,16 @@ def _write_all(fd: int, data) -> None:
     while view:
         n = os.write(fd, view)
         view = view[n:]
+
+
+def _read_inline(fd: int) -> bytes | None:
+    """The content of ``fd`` (from offset 0) if it is at most ``INLINE_MAX`` bytes, else
+    None (after reading at most ``INLINE_MAX + 1`` bytes)."""
+    chunks, off = [], 0
+    while off <= INLINE_MAX and (chunk := os.pread(fd, INLINE_MAX + 1 - off, off)):
+        chunks.append(chunk)
+        off += len(chunk)
+    return b"".join(chunks) if off <= INLINE_MAX else None
 
 
 def _iter_bytes(data: bytes):

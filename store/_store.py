@@ -247,6 +247,11 @@ class Store:
         self._check_usable()
         return self.blobs.put_fd(fd)
 
+    def put_fds(self, fds) -> list[tuple[bytes, int]]:
+        """``put_fd`` of each fd; the small contents in one transaction (``BlobArea``)."""
+        self._check_usable()
+        return self.blobs.put_fds(list(fds))
+
     def put_bytes(self, data: bytes) -> tuple[bytes, int]:
         self._check_usable()
         return self.blobs.put_bytes(data)
@@ -273,6 +278,12 @@ class Store:
     def is_recorded(self, ws, epoch_id, path) -> bool:
         with self._r() as txn:
             return _journal.is_recorded(txn, self._db, ws, epoch_id, path)
+
+    def unrecorded(self, ws, epoch_id, paths) -> list[bytes]:
+        """The paths (in order) with no pre-image in the epoch yet; one read txn."""
+        with self._r() as txn:
+            return [p for p in paths
+                    if not _journal.is_recorded(txn, self._db, ws, epoch_id, p)]
 
     def journal(self, ws, epoch_id):
         with self._r() as txn:

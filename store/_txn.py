@@ -42,8 +42,34 @@ def translate():
 @contextlib.contextmanager
 def write(env: lmdb.Environment):
     """A write transaction: serialised across threads and processes by LMDB."""
-    with translate(), env.begin(write=True) as txn:
+    with translate(), _short_write_is_full(env), env.begin(write=True) as txn:
         yield txn
+
+
+# Below this much free space a failed commit is taken for a full disk (see below).
+_FULL_SLACK = 1 << 20
+
+
+@contextlib.contextmanager
+def _short_write_is_full(env: lmdb.Environment):
+    """LMDB reports a *short* write of a commit — the disk filled part-way through a
+    commit of many pages (a batch of blobs) — as EIO, not ENOSPC (``mdb_page_flush``).
+    Tell it from a real I/O error by the space left on the index's file system."""
+    try:
+        yield
+    except lmdb.Error as exc:
+        if os.strerror(errno.EIO) not in str(exc) or not _nearly_full(env.path()):
+            raise
+        raise StoreFull(f"index: {exc} (the disk is full)") from exc
+
+
+def _nearly_full(path: str) -> bool:
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return False
+    free = st.f_bfree if os.geteuid() == 0 else st.f_bavail
+    return free * st.f_frsize < _FULL_SLACK
 
 
 @contextlib.contextmanager

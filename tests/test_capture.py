@@ -176,3 +176,67 @@ def test_control_socket_path_is_pure(monkeypatch, tmp_path):
     os.symlink(tmp_path / "real", tmp_path / "alias")
     assert control_socket_path("/s", tmp_path / "alias") == control_socket_path(
         "/s", tmp_path / "real")
+
+
+# -- capture_images: contents put in batches ------------------------------------------
+
+def _fd_count() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_capture_images_batches_match_one_by_one_snapshots(root, store, ws, monkeypatch):
+    """Across several content batches (forced small), with small, identical, large and
+    empty files, a symlink, a directory and a missing path: every image is the one a
+    plain ``snapshot`` takes, the journal holds it, and no fd is left open."""
+    from overlay._capture import _ContentBatch, capture_images
+    from overlay._resolve import DirCache
+    d, fd = root
+    (d / "sub").mkdir()
+    for i in range(7):
+        (d / "sub" / f"f{i}").write_bytes(b"small %d" % (i % 3))
+    (d / "big").write_bytes(os.urandom((1 << 20) + 5))
+    (d / "empty").write_bytes(b"")
+    os.symlink("sub/f0", d / "link")
+    monkeypatch.setattr(_ContentBatch, "MAX_FILES", 3)
+    paths = sorted([b"sub", b"big", b"empty", b"link", b"missing"]
+                   + [b"sub/f%d" % i for i in range(7)])
+    epoch = store.current_epoch(ws).id
+    dirs, before = DirCache(fd), _fd_count()
+    try:
+        got = capture_images(fd, store, ws, epoch, paths, parent_at=dirs.parent)
+    finally:
+        dirs.close()
+    assert _fd_count() == before
+    expected = {p: snapshot(fd, p, store) for p in paths}
+    assert got == expected
+    assert dict(store.journal(ws, epoch)) == expected
+    assert store.read_blob(got[b"big"].blob) == (d / "big").read_bytes()
+    assert got[b"sub/f0"].blob == got[b"sub/f3"].blob != got[b"sub/f1"].blob
+
+
+def test_capture_images_fails_closed_when_a_batch_put_fails(root, store, ws, monkeypatch):
+    from overlay._capture import _ContentBatch, capture_images
+    from overlay._resolve import DirCache
+    d, fd = root
+    for i in range(5):
+        (d / f"f{i}").write_bytes(b"data %d" % i)
+    monkeypatch.setattr(_ContentBatch, "MAX_FILES", 2)
+    puts = []
+
+    def put_fds(fds):           # the second batch fails, after the first was stored
+        puts.append(len(fds))
+        if len(puts) == 2:
+            raise StoreFull("test")
+        return type(store).put_fds(store, fds)
+
+    monkeypatch.setattr(store, "put_fds", put_fds)
+    paths = [b"f%d" % i for i in range(5)]
+    epoch = store.current_epoch(ws).id
+    dirs, before = DirCache(fd), _fd_count()
+    try:
+        with pytest.raises(StoreFull):
+            capture_images(fd, store, ws, epoch, paths, parent_at=dirs.parent)
+    finally:
+        dirs.close()
+    assert puts == [2, 2] and _fd_count() == before
+    assert store.unrecorded(ws, epoch, paths) == paths

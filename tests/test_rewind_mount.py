@@ -133,6 +133,46 @@ def test_rewind_events_and_refusals_through_the_daemon(tmp_path):
         assert [(c["path"], c["a_size"], c["b_size"]) for c in diff["changes"]] == [("f", 6, 5)]
 
 
+def test_many_files_each_get_their_event_and_fresh_caches(tmp_path):
+    """Events and invalidations travel from the rewind worker in batches: the client
+    still gets ``rewind.planned`` first, one ``rewind.written``/``rewind.deleted`` per
+    changed path, ``rewind.done`` last; and every restored file (and each directory's
+    listing) reads fresh through the mount, whose caches held the newer state."""
+    with mounted_workspace(tmp_path) as m:
+        names = [f"d{i % 3}/f{i}" for i in range(600)]
+        for d in ("d0", "d1", "d2"):
+            os.mkdir(os.path.join(m.path, d))
+        for i, name in enumerate(names):
+            with open(os.path.join(m.path, name), "wb") as f:
+                f.write(b"old %d" % i)
+        e1 = call(m.socket, "turn.begin", {"session": "s", "turn": 1, "label": "t"})["epoch"]
+        for i, name in enumerate(names):
+            with open(os.path.join(m.path, name), "wb") as f:
+                f.write(b"new content %d" % i)
+        for i in range(40):
+            with open(os.path.join(m.path, "d1", f"extra{i}"), "wb") as f:
+                f.write(b"x")
+        call(m.socket, "turn.end", {})
+        for name in names:                      # fill the kernel's caches
+            with open(os.path.join(m.path, name), "rb") as f:
+                f.read()
+        assert len(os.listdir(os.path.join(m.path, "d1"))) == 240
+        events = []
+        res = call(m.socket, "rewind", {"to": f"e{e1}"}, on_event=events.append)
+        assert res["failed"] == [] and res["written"] == 600 and res["deleted"] == 40
+        types = [e["type"] for e in events]
+        assert types[0] == "rewind.planned" and types[-1] == "rewind.done"
+        assert types.count("rewind.done") == types.count("rewind.planned") == 1
+        written = sorted(e["path"] for e in events if e["type"] == "rewind.written")
+        deleted = sorted(e["path"] for e in events if e["type"] == "rewind.deleted")
+        assert written == sorted(names)
+        assert deleted == sorted(f"d1/extra{i}" for i in range(40))
+        for i, name in enumerate(names):
+            with open(os.path.join(m.path, name), "rb") as f:
+                assert f.read() == b"old %d" % i, name
+        assert len(os.listdir(os.path.join(m.path, "d1"))) == 200
+
+
 def test_killed_daemon_mid_rewind_is_finished_at_the_next_mount(tmp_path):
     """The daemon dies (SIGKILL, ``REWINDFS_FAULT_AFTER``) in the middle of a rewind; the
     next mount finishes it from the intent before serving, and redo still works."""

@@ -352,3 +352,93 @@ def test_compressed_blobs_from_several_threads(store):
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
         keys = [k for r in pool.map(work, range(4)) for k in r]
     assert {_entry(store, k)[1] for k in keys} == {S.INLINE_ZSTD}
+
+
+# -- put_fds: many files, the small ones in one transaction ---------------------------
+
+def _fds(tmp_path, contents):
+    return [_file(tmp_path, data, name=f"f{i}") for i, data in enumerate(contents)]
+
+
+def _close(fds):
+    for fd in fds:
+        os.close(fd)
+
+
+def _count_writes(monkeypatch):
+    """Count write transactions the blob area opens."""
+    opened = []
+    real = _blob._txn.write
+
+    def counting(env):
+        opened.append(1)
+        return real(env)
+
+    monkeypatch.setattr(_blob._txn, "write", counting)
+    return opened
+
+
+def test_put_fds_mixed_sizes_round_trip(store, tmp_path):
+    contents = [b"", b"small", os.urandom(_blob.INLINE_MAX), os.urandom(_blob.INLINE_MAX + 1),
+                b"small", os.urandom(3 * _blob.CHUNK + 17), os.urandom(100)]
+    fds = _fds(tmp_path, contents)
+    try:
+        got = store.put_fds(fds)
+    finally:
+        _close(fds)
+    assert got == [(xxhash.xxh3_128(c).digest(), len(c)) for c in contents]
+    for (key, _), data in zip(got, contents):
+        assert store.read_blob(key) == data
+        assert os.path.exists(store.blobs.file_path(key)) == (len(data) > _blob.INLINE_MAX)
+
+
+def test_put_fds_commits_the_small_contents_in_one_transaction(store, tmp_path, monkeypatch):
+    contents = [b"content %d" % i for i in range(200)]
+    fds = _fds(tmp_path, contents)
+    opened = _count_writes(monkeypatch)
+    try:
+        got = store.put_fds(fds)
+    finally:
+        _close(fds)
+    assert len(opened) == 1
+    assert [store.read_blob(k) for k, _ in got] == contents
+
+
+def test_put_fds_dedups_identical_contents_within_the_batch(store, tmp_path):
+    contents = [b"same bytes", b"other", b"same bytes", b"same bytes"]
+    fds = _fds(tmp_path, contents)
+    try:
+        got = store.put_fds(fds)
+    finally:
+        _close(fds)
+    assert got[0] == got[2] == got[3] != got[1]
+    with store._r() as txn:
+        assert txn.stat(store.blobs.db)["entries"] == 2
+
+
+def test_put_fds_collision_mid_batch_stores_none_of_it(store, tmp_path, monkeypatch):
+    """Two different small contents of one batch share a key: BlobCollision, and the
+    contents before it in the batch are not stored either (one transaction)."""
+    from test_store_badinput import dump
+    before = dump(store)
+    key = b"k" * 16
+
+    class Same:
+        def __init__(self, *a):
+            pass
+
+        def update(self, _):
+            pass
+
+        def digest(self):
+            return key
+
+    fds = _fds(tmp_path, [b"first", b"secon"])
+    monkeypatch.setattr(_blob.xxhash, "xxh3_128", Same)
+    try:
+        with pytest.raises(BlobCollision):
+            store.put_fds(fds)
+    finally:
+        _close(fds)
+    monkeypatch.undo()
+    assert dump(store) == before

@@ -77,3 +77,26 @@ def test_disk_full_index_is_store_full(small_disk):
         assert dump(s) == before
         os.unlink(small_disk / "filler")
         assert_sound(s)
+
+
+def test_disk_full_in_a_batch_put_stores_none_of_it(small_disk, tmp_path):
+    """``put_fds`` commits its small contents in one transaction: when the disk fills,
+    StoreFull, and not even the contents that would have fitted are stored."""
+    src = tmp_path / "src"
+    src.mkdir()
+    fds = []
+    for i in range(300):                       # 300 distinct 20 KiB files > a 4 MiB disk
+        (src / f"f{i}").write_bytes(os.urandom(20 << 10))
+        fds.append(os.open(src / f"f{i}", os.O_RDONLY))
+    try:
+        with Store.open(small_disk / "store") as s:
+            s.put_bytes(b"already there")
+            before = dump(s)
+            with pytest.raises(StoreFull):
+                s.put_fds(fds)
+            assert dump(s) == before
+            assert s.put_fds(fds[:5])[0][1] == 20 << 10   # a batch that fits still goes in
+            assert_sound(s)
+    finally:
+        for fd in fds:
+            os.close(fd)
