@@ -63,20 +63,25 @@ def read_xattrs(dir_fd: int, name: bytes) -> tuple[tuple[bytes, bytes], ...]:
     return tuple(out)
 
 
-def _file_content(dir_fd: int, name: bytes, st: os.stat_result, store) -> tuple[bytes, int]:
+def _file_content(dir_fd: int, name: bytes, st: os.stat_result, store,
+                  put=None) -> tuple[bytes, int]:
     fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK,
                  dir_fd=dir_fd)
     try:
         now = os.fstat(fd)
         if (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
             raise OSError(errno.EAGAIN, "file replaced while capturing")
-        return store.put_fd(fd)
+        return store.put_fd(fd) if put is None else put(dir_fd, name, fd)
     finally:
         os.close(fd)
 
 
-def snapshot_at(dir_fd: int, name: bytes, store, *, with_content: bool = True) -> PreImage:
-    """The image of entry *name* in directory *dir_fd* (``name == b""``: the dir itself)."""
+def snapshot_at(dir_fd: int, name: bytes, store, *, with_content: bool = True,
+                put=None) -> PreImage:
+    """The image of entry *name* in directory *dir_fd* (``name == b""``: the dir itself).
+    ``put(dir_fd, name, fd)``, if given, stores a regular file's content instead of
+    ``store.put_fd(fd)`` (``fd``: the file opened without following, checked to be the
+    inode stat-ed) and returns (key, size)."""
     try:
         if name:
             st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
@@ -90,7 +95,7 @@ def snapshot_at(dir_fd: int, name: bytes, store, *, with_content: bool = True) -
               "mtime_ns": st.st_mtime_ns}
     fmt = stat.S_IFMT(st.st_mode)
     if fmt == stat.S_IFREG:
-        key, size = (_file_content(dir_fd, name, st, store) if with_content
+        key, size = (_file_content(dir_fd, name, st, store, put) if with_content
                      else (b"\0" * 16, st.st_size))
         group = b"%d:%d" % (st.st_dev, st.st_ino) if st.st_nlink > 1 else None
         return PreImage("file", size=size, xattrs=read_xattrs(dir_fd, name), blob=key,
@@ -165,21 +170,25 @@ def _unrecorded(store, ws: int, epoch_id: int, relpaths) -> list[bytes]:
 
 
 def capture_images(root_fd: int, store, ws: int, epoch_id: int, relpaths, *,
-                   parent_at) -> dict[bytes, PreImage]:
+                   parent_at, put_file=None) -> dict[bytes, PreImage]:
     """``capture`` for the restore engine: the same write-ahead contract (returns after
     one committed ``store.record``; raises with nothing recorded), but returns
     ``{path: image}`` of the paths newly recorded, in order, so the caller can judge
     their state without looking again.  ``parent_at(relpath)`` returns ``(dir_fd,
-    name)`` with a *borrowed* fd (``_resolve.DirCache.parent``), not closed here."""
+    name)`` with a *borrowed* fd (``_resolve.DirCache.parent``), not closed here.
+    ``put_file(relpath, dir_fd, name, fd)``, if given, stores each regular file's
+    content (see ``snapshot_at``'s ``put``)."""
     todo = _unrecorded(store, ws, epoch_id, relpaths)
     if not todo:
         return {}
-    entries = [(path, _snapshot_borrowed(parent_at, root_fd, path, store)) for path in todo]
+    entries = [(path, _snapshot_borrowed(parent_at, root_fd, path, store, put_file))
+               for path in todo]
     fresh = store.record(ws, epoch_id, entries)
     return {path: img for (path, img), new in zip(entries, fresh) if new}
 
 
-def _snapshot_borrowed(parent_at, root_fd: int, relpath: bytes, store) -> PreImage:
+def _snapshot_borrowed(parent_at, root_fd: int, relpath: bytes, store,
+                       put_file=None) -> PreImage:
     if relpath == b"":
         return snapshot(root_fd, relpath, store)
     try:
@@ -188,7 +197,8 @@ def _snapshot_borrowed(parent_at, root_fd: int, relpath: bytes, store) -> PreIma
         if exc.errno in _MISSING:
             return PreImage.ABSENT
         raise
-    return snapshot_at(dir_fd, name, store)
+    put = None if put_file is None else functools.partial(put_file, relpath)
+    return snapshot_at(dir_fd, name, store, put=put)
 
 
 def _snapshot_via(parent, root_fd: int, relpath: bytes, store) -> PreImage:

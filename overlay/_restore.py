@@ -49,6 +49,7 @@ from . import _restore_land as L
 from ._capture import capture, capture_images
 from ._ignore import IgnoreRules
 from ._resolve import DirCache, split
+from ._restore_adopt import Adopter, unshare_epoch
 from ._restore_links import InodeIndex, parse_group
 from ._sys import syncfs
 
@@ -259,6 +260,8 @@ class _Run:
     targets: dict = field(default_factory=dict)      # path → target image (this plan)
     staged: list = field(default_factory=list)       # _Staged files awaiting one syncfs
     staged_bytes: int = 0
+    writers: object = None      # fence_writes/unfence_writes of a daemon: lets us adopt
+    adopter: Adopter | None = None
 
 
 @dataclass
@@ -323,10 +326,10 @@ def _adopt_group(run: _Run, img) -> None:
             return
 
 
-def _new_run(root_fd, store, ws, epoch_id, progress, invalidate) -> _Run:
+def _new_run(root_fd, store, ws, epoch_id, progress, invalidate, writers=None) -> _Run:
     rules = IgnoreRules.load(root_fd)
     return _Run(root_fd, store, ws, epoch_id, progress, invalidate, rules,
-                _dir_cache(root_fd), InodeIndex(root_fd, rules))
+                _dir_cache(root_fd), InodeIndex(root_fd, rules), writers=writers)
 
 
 def _precapture(run: _Run, paths: list[bytes]) -> None:
@@ -348,9 +351,10 @@ def _precapture(run: _Run, paths: list[bytes]) -> None:
 def _capture_all(run: _Run, todo: list[bytes]) -> None:
     if not todo:
         return
+    put_file = None if run.adopter is None else run.adopter.put
     try:
         run.seen.update(capture_images(run.root_fd, run.store, run.ws, run.epoch, todo,
-                                       parent_at=run.dirs.parent))
+                                       parent_at=run.dirs.parent, put_file=put_file))
         run.captured.update(todo)
         return
     except (OSError, RewindfsError):
@@ -358,7 +362,8 @@ def _capture_all(run: _Run, todo: list[bytes]) -> None:
     for path in todo:
         try:
             run.seen.update(capture_images(run.root_fd, run.store, run.ws, run.epoch,
-                                           [path], parent_at=run.dirs.parent))
+                                           [path], parent_at=run.dirs.parent,
+                                           put_file=put_file))
             run.captured.add(path)
         except (OSError, RewindfsError) as exc:
             run.uncaptured[path] = exc
@@ -366,13 +371,16 @@ def _capture_all(run: _Run, todo: list[bytes]) -> None:
 
 def apply_plan(root_fd: int, store, ws: int, plan, *, session: str | None,
                progress=None, invalidate=None, force: bool = False,
-               epoch_changed=None) -> RestoreResult:
+               epoch_changed=None, writers=None) -> RestoreResult:
     """Apply ``plan`` (a ``RewindPlan`` or a store ``Plan``) as a new ``rewind`` epoch
     attributed to ``session``.  ``progress(event)`` gets ``{"type": "rewind.written" |
     "rewind.deleted" | "rewind.failed", "path": bytes, …}``; ``invalidate(relpath)`` is
     called after each landed path; ``epoch_changed()`` right after the rewind epoch
-    opens and right after it closes (the filesystem re-reads its current epoch).  See
-    the module contract for ordering."""
+    opens and right after it closes (the filesystem re-reads its current epoch).
+    ``writers`` (the daemon: ``fence_writes``/``unfence_writes``) lets the run adopt a
+    large file it replaces as its pre-image blob instead of copying it
+    (``_restore_adopt``); without it every pre-image is a copy.  See the module
+    contract for ordering."""
     store_plan = plan.plan if isinstance(plan, RewindPlan) else plan
     requested = plan.requested if isinstance(plan, RewindPlan) else sorted(store_plan.paths)
     turn = store.open_turn(ws)
@@ -384,7 +392,7 @@ def apply_plan(root_fd: int, store, ws: int, plan, *, session: str | None,
     store.put_intent(ws, {"v": 1, "epoch": epoch.id, "target": store_plan.target,
                           "paths": requested, "session": session})
     items = plan.items if isinstance(plan, RewindPlan) else None
-    run = _new_run(root_fd, store, ws, epoch.id, progress, invalidate)
+    run = _new_run(root_fd, store, ws, epoch.id, progress, invalidate, writers)
     try:
         result = _land_all(run, store_plan, items)
     finally:
@@ -418,8 +426,30 @@ def _land_all(run: _Run, store_plan, items=None) -> RestoreResult:
         groups = _Groups()
         items = [PlannedAction(a, _classify(run.dirs, a, run.rules, groups))
                  for a in store_plan]
-    _precapture(run, [it.action.path for it in items
-                      if it.change not in ("unchanged", "ignored")])
+    if run.writers is not None:
+        run.adopter = Adopter(run.store, run.writers,
+                              [it.action.path for it in items if _stageable(it.action, it.change)])
+    try:
+        _precapture(run, [it.action.path for it in items
+                          if it.change not in ("unchanged", "ignored")])
+        _land_actions(run, store_plan, result)
+    finally:
+        _settle_adopted(run, result)
+    _fsync_dirs(run)
+    return result
+
+
+def _settle_adopted(run: _Run, result: RestoreResult) -> None:
+    """After landing: no adopted blob may keep a name in the tree (``_restore_adopt``)."""
+    if run.adopter is None:
+        return
+    for path, exc in run.adopter.settle():
+        _report_failure(run, result, Failure(
+            path, "shared-blob", f"its pre-image still shares the file's inode ({exc}); "
+            "writes to it are refused until the daemon restarts"))
+
+
+def _land_actions(run: _Run, store_plan, result: RestoreResult) -> None:
     for action in store_plan:
         if _is_ignored(run.rules, action):
             result.counts["ignored"] += 1
@@ -442,8 +472,6 @@ def _land_all(run: _Run, store_plan, items=None) -> RestoreResult:
             continue
         _record_landed(run, result, action, change)
     _land_staged(run, result)
-    _fsync_dirs(run)
-    return result
 
 
 def _record_landed(run: _Run, result: RestoreResult, action, change: str) -> None:
@@ -662,6 +690,8 @@ def recover(root_fd: int, store, ws: int, *, progress=None, invalidate=None,
         result = _land_all(run, plan, None)
     finally:
         run.dirs.close()
+    # The interrupted run may have adopted inodes whose landing never happened.
+    unshare_epoch(store, ws, rewind_id)
     result.epoch = rewind_id
     if still_open:
         store.end_rewind(ws)

@@ -112,6 +112,20 @@ def kind_of(st: os.stat_result | None) -> str:
 _KEY_CACHE_MIN_SIZE = 8 << 20
 _KEY_CACHE_MARGIN_NS = 2_000_000_000
 _key_cache: dict[tuple, bytes] = {}
+# Every key computed, without the margin: only a *hint* for the store
+# (``store.put_fd(fd, hint=…)`` tries that dedup hit first and verifies it), never
+# trusted to decide anything.
+_key_hints: dict[tuple, bytes] = {}
+_HINT_MIN_SIZE = 1 << 20    # smaller content is stored inline: a second hash is cheap
+
+
+def _version(st: os.stat_result) -> tuple:
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+
+def key_hint(st: os.stat_result) -> bytes | None:
+    """The key ``file_key`` last computed for this version of a file, if any."""
+    return _key_hints.get(_version(st))
 
 
 def file_key(dir_fd: int, name: bytes) -> bytes:
@@ -119,7 +133,7 @@ def file_key(dir_fd: int, name: bytes) -> bytes:
     fd = os.open(name, _OPEN_META, dir_fd=dir_fd)
     try:
         st = os.fstat(fd)
-        version = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        version = _version(st)
         if version in _key_cache:
             return _key_cache[version]
         began = time.time_ns()
@@ -128,6 +142,10 @@ def file_key(dir_fd: int, name: bytes) -> bytes:
             h.update(chunk)
             off += len(chunk)
         key = h.digest()
+        if st.st_size > _HINT_MIN_SIZE:
+            if len(_key_hints) >= 256:
+                _key_hints.clear()
+            _key_hints[version] = key
         if st.st_size >= _KEY_CACHE_MIN_SIZE and st.st_ctime_ns < began - _KEY_CACHE_MARGIN_NS:
             if len(_key_cache) >= 256:
                 _key_cache.clear()
@@ -287,7 +305,9 @@ def stage_file(dir_fd: int, img, store, epoch_id: int, *, sync: bool) -> bytes:
     file) before ``land_staged`` renames it into place, or a crash could leave a torn
     file under the real name."""
     tmp = temp_name(epoch_id)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+    # read-write: the store copies a large blob in the kernel and verifies the copy by
+    # reading it back (Store.copy_blob_to_fd)
+    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                  0o600, dir_fd=dir_fd)
     try:
         try:

@@ -140,7 +140,9 @@ def _run_rewind(ctx, make_plan, *, dry_run: bool, session, force: bool, send) ->
     result = _restore.apply_plan(
         ctx.root_fd, ctx.store, ctx.ws, plan, session=session, force=force,
         progress=lambda ev: send(events_of(ev)), invalidate=getattr(ctx, "invalidate", None),
-        epoch_changed=getattr(ctx, "epoch_changed", None))
+        epoch_changed=getattr(ctx, "epoch_changed", None),
+        # only a daemon can fence writers of a file it adopts (_restore_adopt)
+        writers=ctx if hasattr(ctx, "fence_writes") else None)
     done = {**result.to_dict(), "exit_code": result.exit_code}
     send({"type": "rewind.done", **done, "failed": len(result.failed)})
     return {**done, "foreign": summary["foreign"]}
