@@ -128,8 +128,9 @@ class _Groups:
         self.first: dict[bytes, tuple[bytes, int | None]] = {}
 
 
-def _assess(dir_fd: int, name: bytes, action, groups: _Groups) -> str:
-    """How ``action`` would change the entry now: one of CHANGES (never "ignored")."""
+def _assess(dir_fd: int, name: bytes, action, groups: _Groups, store=None) -> str:
+    """How ``action`` would change the entry now: one of CHANGES (never "ignored").
+    ``store``: lets a large file that visibly differs from its target skip the hash."""
     st = L.lstat_at(dir_fd, name)
     cur, img = L.kind_of(st), action.image
     if action.op == "delete":
@@ -144,19 +145,27 @@ def _assess(dir_fd: int, name: bytes, action, groups: _Groups) -> str:
         return "written"
     if img.kind == "dir":
         return "unchanged"          # its metadata is the "meta" action's job
-    if img.kind == "file" and not _same_file(dir_fd, name, st, img, groups):
+    if img.kind == "file" and not _same_file(dir_fd, name, st, img, groups, store):
         return "written"
     if img.kind == "symlink" and os.readlink(name, dir_fd=dir_fd) != img.target:
         return "written"
     return "unchanged" if L.meta_equal(img, st, L.xattrs_at(dir_fd, name)) else "meta"
 
 
-def _same_file(dir_fd, name, st, img, groups: _Groups) -> bool:
+def _same_file(dir_fd, name, st, img, groups: _Groups, store=None) -> bool:
     if img.link_group is not None and img.link_group in groups.first:
         return st.st_ino == groups.first[img.link_group][1]
     # A name outside the plan sharing this inode shared it at the point too (it was not
     # touched since), so an extra link is no reason to rewrite.
-    return st.st_size == img.size and L.file_key(dir_fd, name) == img.blob
+    if st.st_size != img.size:
+        return False
+    if (store is not None and st.st_size > _SAMPLE_MIN_SIZE
+            and L.differs_from_blob(dir_fd, name, img.blob, store)):
+        return False    # a 1 GiB file changed at its start: no full read to learn that
+    return L.file_key(dir_fd, name) == img.blob
+
+
+_SAMPLE_MIN_SIZE = 1 << 20      # the store's inline limit: only blob files are sampled
 
 
 def _note_group(dir_fd, name, path, img, groups: _Groups, *, inode_known: bool) -> None:
@@ -185,14 +194,14 @@ def plan_rewind(root_fd: int, store, ws: int, to, *, paths=None,
     dirs = _dir_cache(root_fd)
     try:
         for action in plan:
-            items.append(PlannedAction(action, _classify(dirs, action, rules, groups)))
+            items.append(PlannedAction(action, _classify(dirs, action, rules, groups, store)))
     finally:
         dirs.close()
     return RewindPlan(target, plan, items, _foreign(store, ws, target, requested, session),
                       requested)
 
 
-def _classify(dirs: DirCache, action, rules, groups) -> str:
+def _classify(dirs: DirCache, action, rules, groups, store=None) -> str:
     if _is_ignored(rules, action):
         return "ignored"
     try:
@@ -202,7 +211,7 @@ def _classify(dirs: DirCache, action, rules, groups) -> str:
         return "created" if action.op not in ("delete", "meta") else "unchanged"
     except (OSError, RewindfsError):
         return "written"    # applying will name the failure (e.g. path-escape)
-    change = _assess(dir_fd, name, action, groups)
+    change = _assess(dir_fd, name, action, groups, store)
     _note_group(dir_fd, name, action.path, action.image, groups,
                 inode_known=change == "unchanged")
     if dirs.full:
@@ -424,7 +433,7 @@ def _land_all(run: _Run, store_plan, items=None) -> RestoreResult:
     _report_damaged(run, store_plan, result)
     if items is None:
         groups = _Groups()
-        items = [PlannedAction(a, _classify(run.dirs, a, run.rules, groups))
+        items = [PlannedAction(a, _classify(run.dirs, a, run.rules, groups, run.store))
                  for a in store_plan]
     if run.writers is not None:
         run.adopter = Adopter(run.store, run.writers,
@@ -530,7 +539,7 @@ def _land_one(run: _Run, action) -> str:
     _adopt_group(run, action.image)
     change = _seen_change(run, action)
     if change is None:
-        change = _assess(dir_fd, name, action, run.groups)
+        change = _assess(dir_fd, name, action, run.groups, run.store)
     if change == "unchanged":
         _note_group(dir_fd, name, action.path, action.image, run.groups, inode_known=True)
         return change

@@ -155,6 +155,16 @@ def file_key(dir_fd: int, name: bytes) -> bytes:
         os.close(fd)
 
 
+def differs_from_blob(dir_fd: int, name: bytes, key: bytes, store) -> bool:
+    """True if a sample of the file proves it does not hold blob ``key`` — the cheap
+    early "written" for a large file before ``file_key`` reads all of it."""
+    fd = os.open(name, _OPEN_META, dir_fd=dir_fd)
+    try:
+        return store.blob_differs(key, fd)
+    finally:
+        os.close(fd)
+
+
 def _proc(dir_fd: int, name: bytes) -> bytes:
     # /proc/self/fd/N is followed to the directory itself; the last component is then
     # looked up with follow_symlinks as the caller asks — a safe *at() for xattr calls.

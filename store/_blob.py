@@ -220,6 +220,33 @@ class BlobArea:
                 self._touch(txn, key, S.unpack(raw))
         return key, n
 
+    def differs(self, key: bytes, fd: int) -> bool:
+        """True if a sample of ``fd`` (its size, first and last ``CHUNK``) proves its
+        content is not blob ``key`` as stored; False when the sample matches or cannot be
+        taken (unknown: the caller hashes).  Only blob files are sampled (their on-disk
+        form is the raw content); a cheap early answer before a full hash of a large
+        file.  A stored blob that is itself damaged may make a file that holds the
+        blob's true content look different: landing it then fails verification."""
+        try:
+            entry = self.entry(key)
+        except BlobMissing:
+            return False
+        if entry[1] != S.FILE:
+            return False
+        size = _regular_size(fd)
+        if size != entry[0]:
+            return True
+        with _txn.translate():
+            try:
+                bfd = os.open(self.file_path(key), os.O_RDONLY | os.O_CLOEXEC)
+            except FileNotFoundError:
+                return False
+            try:
+                return any(os.pread(fd, CHUNK, off) != os.pread(bfd, CHUNK, off)
+                           for off in sorted({0, max(0, size - CHUNK)}))
+            finally:
+                os.close(bfd)
+
     # -- adopting a file instead of copying it ------------------------------------------
     def adoption_path(self) -> str:
         """A fresh name in the store's temp area, for a caller that hard-links a file it

@@ -230,6 +230,12 @@ class Store:
         self._check_usable()
         return self.blobs.put_known(fd, key)
 
+    def blob_differs(self, key: bytes, fd: int) -> bool:
+        """True if a cheap sample proves ``fd``'s content is not blob ``key``
+        (``BlobArea.differs``); False means "hash to know"."""
+        self._check_usable()
+        return self.blobs.differs(key, fd)
+
     def adoption_path(self) -> str:
         """A fresh name in the blob area's temp directory for ``put_adopted``."""
         self._check_usable()

@@ -358,3 +358,85 @@ def test_mount_open_writer_means_copy(tmp_path):
         assert_sound(store)
     finally:
         store.close()
+
+
+# -- the daemon's fence, its handlers called in-process ------------------------------
+
+def test_fence_refuses_new_writers_until_lifted(tmp_path):
+    import errno
+    from types import SimpleNamespace
+
+    import pyfuse3
+    import trio
+
+    from overlay._fs import RewindOperations
+
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "f").write_bytes(b"content")
+    key = (os.stat(ws / "f").st_dev, os.stat(ws / "f").st_ino)
+    store = Store.open(tmp_path / "store")
+    root_fd = os.open(ws, os.O_RDONLY | os.O_DIRECTORY)
+    ops = RewindOperations(root_fd, store, store.workspace(os.fsencode(ws)))
+    ctx = SimpleNamespace(uid=0, gid=0, pid=os.getpid(), umask=0o022)
+
+    async def refused(coro):
+        with pytest.raises(pyfuse3.FUSEError) as exc:
+            await coro
+        return exc.value.errno == errno.EBUSY
+
+    async def main():
+        ino = (await ops.lookup(pyfuse3.ROOT_INODE, b"f", ctx)).st_ino
+        reader = await ops.open(ino, os.O_RDONLY, ctx)
+        assert ops.fence_writes(key)                     # a reader does not count
+        assert await refused(ops.open(ino, os.O_RDWR, ctx))
+        assert await refused(ops.open(ino, os.O_WRONLY, ctx))
+        assert await refused(ops.open(ino, os.O_RDONLY | os.O_TRUNC, ctx))
+        assert await refused(ops.create(pyfuse3.ROOT_INODE, b"f", 0o644, os.O_WRONLY, ctx))
+        attr = pyfuse3.EntryAttributes()
+        attr.st_size = 0
+        fields = SimpleNamespace(**{f"update_{n}": n == "size" for n in (
+            "size", "mode", "uid", "gid", "atime", "mtime", "ctime")})
+        assert await refused(ops.setattr(ino, attr, fields, None, ctx))
+        second = await ops.open(ino, os.O_RDONLY, ctx)   # reading stays allowed
+        ops.unfence_writes(key)
+        writer = await ops.open(ino, os.O_RDWR, ctx)
+        assert not ops.fence_writes(key)                 # a writable handle is open
+        for fi in (reader, second, writer):
+            await ops.release(fi.fh)
+        assert ops.fence_writes(key)
+        ops.unfence_writes(key)
+
+    try:
+        trio.run(main)
+        assert (ws / "f").read_bytes() == b"content"
+    finally:
+        ops.close()
+        os.close(root_fd)
+        store.close()
+
+
+def test_sampled_difference_and_full_hash_agree(hist):
+    """Planning proves "written" from a sample when the start differs, hashes when the
+    sample matches: a change in the middle is still found, an equal file is unchanged."""
+    old = os.urandom(SIZE)
+    for rel in (b"start", b"middle", b"same"):
+        with open(hist.p(rel), "wb") as f:
+            f.write(old)
+    e1 = hist.turn(1)
+    hist.write(b"start", b"X" + old[1:])
+    hist.write(b"middle", old[:SIZE // 2] + b"X" + old[SIZE // 2 + 1:])
+    hist.write(b"same", old)
+    hist.end_turn()
+    key = dict(hist.store.journal(hist.ws, e1))[b"start"].blob
+    with open(hist.p(b"start"), "rb") as f:
+        assert hist.store.blob_differs(key, f.fileno())
+    with open(hist.p(b"middle"), "rb") as f:
+        assert not hist.store.blob_differs(key, f.fileno())    # unknown: hash it
+    plan = plan_rewind(hist.fd, hist.store, hist.ws, f"e{e1}")
+    changes = {it.action.path: it.change for it in plan.items}
+    assert changes == {b"start": "written", b"middle": "written", b"same": "meta"} or \
+        changes == {b"start": "written", b"middle": "written", b"same": "unchanged"}
+    res = apply_plan(hist.fd, hist.store, hist.ws, plan, session=None, writers=Fence())
+    assert res.failed == []
+    assert read(hist, b"start") == read(hist, b"middle") == read(hist, b"same") == old
