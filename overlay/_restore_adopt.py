@@ -42,6 +42,7 @@ import os
 import stat
 
 from store._blob import INLINE_MAX
+from store._errors import RewindfsError
 
 from . import _restore_land as L
 
@@ -138,7 +139,16 @@ def _unlink_quiet(path: str) -> None:
 
 def unshare_epoch(store, ws: int, epoch_id: int) -> None:
     """Recovery: unshare every large blob the (interrupted) rewind epoch recorded — an
-    adopted inode whose landing never happened still has its workspace name."""
-    for _path, img in store.journal(ws, epoch_id):
+    adopted inode whose landing never happened still has its workspace name.  A blob
+    that cannot be unshared is logged (fsck reports it as ``shared-blob``)."""
+    try:
+        images = [img for _path, img in store.journal(ws, epoch_id)]
+    except RewindfsError as exc:
+        log.error("cannot list the interrupted rewind's pre-images: %s", exc)
+        return
+    for img in images:
         if img.kind == "file" and img.size > INLINE_MAX:
-            store.unshare_blob(img.blob)
+            try:
+                store.unshare_blob(img.blob)
+            except RewindfsError as exc:
+                log.error("blob %s may still share a workspace file: %s", img.blob.hex(), exc)

@@ -112,9 +112,11 @@ def kind_of(st: os.stat_result | None) -> str:
 _KEY_CACHE_MIN_SIZE = 8 << 20
 _KEY_CACHE_MARGIN_NS = 2_000_000_000
 _key_cache: dict[tuple, bytes] = {}
-# Every key computed, without the margin: only a *hint* for the store
-# (``store.put_fd(fd, hint=…)`` tries that dedup hit first and verifies it), never
-# trusted to decide anything.
+# Every key computed, and the key of every large file landed, without the margin and
+# without the ctime (a landing's rename changes it): only a *hint* for the store
+# (``store.put_fd(fd, hint=…)`` / ``put_known`` try that dedup hit first and verify it
+# by hash and bytes), never trusted to decide anything.  A redo thus finds the file
+# the rewind landed already stored without linking or hashing it first.
 _key_hints: dict[tuple, bytes] = {}
 _HINT_MIN_SIZE = 1 << 20    # smaller content is stored inline: a second hash is cheap
 
@@ -124,8 +126,15 @@ def _version(st: os.stat_result) -> tuple:
 
 
 def key_hint(st: os.stat_result) -> bytes | None:
-    """The key ``file_key`` last computed for this version of a file, if any."""
-    return _key_hints.get(_version(st))
+    """The key last computed or landed for this file (inode, size, mtime), if any."""
+    return _key_hints.get(_version(st)[:4])
+
+
+def _remember_hint(st: os.stat_result, key: bytes) -> None:
+    if st.st_size > _HINT_MIN_SIZE:
+        if len(_key_hints) >= 256:
+            _key_hints.clear()
+        _key_hints[_version(st)[:4]] = key
 
 
 def file_key(dir_fd: int, name: bytes) -> bytes:
@@ -142,10 +151,7 @@ def file_key(dir_fd: int, name: bytes) -> bytes:
             h.update(chunk)
             off += len(chunk)
         key = h.digest()
-        if st.st_size > _HINT_MIN_SIZE:
-            if len(_key_hints) >= 256:
-                _key_hints.clear()
-            _key_hints[version] = key
+        _remember_hint(st, key)
         if st.st_size >= _KEY_CACHE_MIN_SIZE and st.st_ctime_ns < began - _KEY_CACHE_MARGIN_NS:
             if len(_key_cache) >= 256:
                 _key_cache.clear()
@@ -323,6 +329,7 @@ def stage_file(dir_fd: int, img, store, epoch_id: int, *, sync: bool) -> bytes:
         try:
             store.copy_blob_to_fd(img.blob, fd)
             set_meta_fd(fd, img, fresh=True)
+            _remember_hint(os.fstat(fd), img.blob)
             if sync:
                 os.fsync(fd)
         finally:
