@@ -27,6 +27,11 @@ Contracts (DESIGN invariants 3–6, 11):
   store is damaged (``Plan.damaged``, code ``index-corrupt``) or whose blob is corrupt.
 - Unchanged paths are skipped (no capture, no write): a second identical rewind is a
   no-op, and the recovery after a crash only touches what is still wrong.
+- Large files: with a daemon's write fence (``writers``) the pre-image of a large plain
+  file the run replaces is the file's own inode, adopted by the store instead of copied
+  (``_restore_adopt``: fenced against writers until its workspace name is gone; any
+  adopted blob still named in the tree after the landings gets a private copy;
+  ``recover`` does the same for an interrupted run).
 
 Blocking and synchronous; the daemon runs it in a worker thread.  Test hook:
 ``REWINDFS_FAULT_AFTER=k`` SIGKILLs the process after its k-th change (see
@@ -436,8 +441,8 @@ def _land_all(run: _Run, store_plan, items=None) -> RestoreResult:
         items = [PlannedAction(a, _classify(run.dirs, a, run.rules, groups, run.store))
                  for a in store_plan]
     if run.writers is not None:
-        run.adopter = Adopter(run.store, run.writers,
-                              [it.action.path for it in items if _stageable(it.action, it.change)])
+        replaced = [it.action.path for it in items if _stageable(it.action, it.change)]
+        run.adopter = Adopter(run.store, run.writers, replaced)
     try:
         _precapture(run, [it.action.path for it in items
                           if it.change not in ("unchanged", "ignored")])
