@@ -265,8 +265,10 @@ class BlobArea:
                     st = os.fstat(fd)
                     if not stat.S_ISREG(st.st_mode):
                         raise StoreError(f"adopted {path} is not a regular file")
-                    if st.st_size <= INLINE_MAX:
-                        return self._put_streamed(fd)
+                    if st.st_size <= INLINE_MAX:       # shrank: an inline copy
+                        known = self._put_streamed(fd)
+                        _unlink_quiet(path)
+                        return known
                     key, size = hash_fd(fd)
                     os.fsync(fd)
                 finally:

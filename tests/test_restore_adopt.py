@@ -440,3 +440,20 @@ def test_sampled_difference_and_full_hash_agree(hist):
     res = apply_plan(hist.fd, hist.store, hist.ws, plan, session=None, writers=Fence())
     assert res.failed == []
     assert read(hist, b"start") == read(hist, b"middle") == read(hist, b"same") == old
+
+
+def test_store_adopting_a_small_file_keeps_no_link(tmp_path):
+    """A file that shrank to inline size before ``put_adopted`` is stored inline, and
+    the store drops its temp name (the user's file must not keep an extra link)."""
+    store = Store.open(tmp_path / "store")
+    try:
+        src = tmp_path / "f"
+        src.write_bytes(b"small now")
+        tmp = store.adoption_path()
+        os.link(src, tmp)
+        key, size = store.put_adopted(tmp)
+        assert size == 9 and store.read_blob(key) == b"small now"
+        assert not os.path.exists(tmp) and os.stat(src).st_nlink == 1
+        assert_sound(store)
+    finally:
+        store.close()
