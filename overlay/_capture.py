@@ -82,6 +82,10 @@ class _ContentBatch:
 
     MAX_FILES = 256
     MAX_BYTES = 64 << 20
+    # A larger file is not worth holding: it would get its own put (and transaction)
+    # inside ``put_fds`` anyway, so a ``put`` hook may take it directly (the rewind's
+    # adoption of large files, _restore_adopt).
+    SMALL = 1 << 20
 
     def __init__(self):
         self.fds: list[int] = []
@@ -120,28 +124,32 @@ def _with_blob(img: PreImage, done: list) -> PreImage:
 
 
 def _file_content(dir_fd: int, name: bytes, st: os.stat_result, store,
-                  batch: _ContentBatch | None = None) -> tuple:
-    """(key, size) of the file's content, put into the store now — or, with ``batch``,
-    (``_Pending``, size) and the open fd handed to the batch."""
+                  batch: _ContentBatch | None = None, put=None) -> tuple:
+    """(key, size) of the file's content, put into the store now (by ``put(dir_fd,
+    name, fd)`` if given) — or, with ``batch`` and a small file, (``_Pending``, size)
+    and the open fd handed to the batch."""
     fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK,
                  dir_fd=dir_fd)
     try:
         now = os.fstat(fd)
         if (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
             raise OSError(errno.EAGAIN, "file replaced while capturing")
-        if batch is not None:
+        if batch is not None and (put is None or now.st_size <= batch.SMALL):
             pending, fd = batch.hold(fd, now.st_size), None     # the batch closes it
             return pending, now.st_size
-        return store.put_fd(fd)
+        return store.put_fd(fd) if put is None else put(dir_fd, name, fd)
     finally:
         if fd is not None:
             os.close(fd)
 
 
 def snapshot_at(dir_fd: int, name: bytes, store, *, with_content: bool = True,
-                batch: _ContentBatch | None = None) -> PreImage:
+                batch: _ContentBatch | None = None, put=None) -> PreImage:
     """The image of entry *name* in directory *dir_fd* (``name == b""``: the dir itself).
-    With ``batch`` a file's content is left to ``batch.put`` (its blob is pending)."""
+    With ``batch`` a small file's content is left to ``batch.put`` (its blob is
+    pending).  ``put(dir_fd, name, fd)``, if given, stores a regular file's content
+    instead of ``store.put_fd(fd)`` (``fd``: the file opened without following, checked
+    to be the inode stat-ed) and returns (key, size)."""
     try:
         if name:
             st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
@@ -155,7 +163,7 @@ def snapshot_at(dir_fd: int, name: bytes, store, *, with_content: bool = True,
               "mtime_ns": st.st_mtime_ns}
     fmt = stat.S_IFMT(st.st_mode)
     if fmt == stat.S_IFREG:
-        key, size = (_file_content(dir_fd, name, st, store, batch) if with_content
+        key, size = (_file_content(dir_fd, name, st, store, batch, put) if with_content
                      else (b"\0" * 16, st.st_size))
         group = b"%d:%d" % (st.st_dev, st.st_ino) if st.st_nlink > 1 else None
         return PreImage("file", size=size, xattrs=read_xattrs(dir_fd, name), blob=key,
@@ -224,7 +232,7 @@ def _unrecorded(store, ws: int, epoch_id: int, relpaths) -> list[bytes]:
 
 
 def capture_images(root_fd: int, store, ws: int, epoch_id: int, relpaths, *,
-                   parent_at) -> dict[bytes, PreImage]:
+                   parent_at, put_file=None) -> dict[bytes, PreImage]:
     """``capture`` for the restore engine: the same write-ahead contract (returns after
     one committed ``store.record``; raises with nothing recorded), but returns
     ``{path: image}`` of the paths newly recorded, in order, so the caller can judge
@@ -233,20 +241,23 @@ def capture_images(root_fd: int, store, ws: int, epoch_id: int, relpaths, *,
 
     File contents go into the store in batches (``_ContentBatch``), all before the
     record: a rewind of 10,000 small files makes a few dozen blob commits, not 10,000.
-    A failed batch raises like a failed ``put_fd`` (nothing recorded)."""
+    A failed batch raises like a failed ``put_fd`` (nothing recorded).
+    ``put_file(relpath, dir_fd, name, fd)``, if given, stores each regular file larger
+    than a batch takes (see ``snapshot_at``'s ``put``)."""
     todo = _unrecorded(store, ws, epoch_id, relpaths)
     if not todo:
         return {}
-    entries = _snapshot_batched(parent_at, root_fd, todo, store)
+    entries = _snapshot_batched(parent_at, root_fd, todo, store, put_file)
     fresh = store.record(ws, epoch_id, entries)
     return {path: img for (path, img), new in zip(entries, fresh) if new}
 
 
-def _snapshot_batched(parent_at, root_fd: int, paths, store) -> list:
+def _snapshot_batched(parent_at, root_fd: int, paths, store, put_file=None) -> list:
     entries, start, batch = [], 0, _ContentBatch()
     try:
         for path in paths:
-            entries.append((path, _snapshot_borrowed(parent_at, root_fd, path, store, batch)))
+            entries.append((path, _snapshot_borrowed(parent_at, root_fd, path, store, batch,
+                                                     put_file)))
             if batch.full:
                 entries[start:] = batch.put(store, entries[start:])
                 start = len(entries)
@@ -257,7 +268,7 @@ def _snapshot_batched(parent_at, root_fd: int, paths, store) -> list:
 
 
 def _snapshot_borrowed(parent_at, root_fd: int, relpath: bytes, store,
-                       batch: _ContentBatch | None = None) -> PreImage:
+                       batch: _ContentBatch | None = None, put_file=None) -> PreImage:
     if relpath == b"":
         return snapshot(root_fd, relpath, store)
     try:
@@ -266,7 +277,8 @@ def _snapshot_borrowed(parent_at, root_fd: int, relpath: bytes, store,
         if exc.errno in _MISSING:
             return PreImage.ABSENT
         raise
-    return snapshot_at(dir_fd, name, store, batch=batch)
+    put = None if put_file is None else functools.partial(put_file, relpath)
+    return snapshot_at(dir_fd, name, store, batch=batch, put=put)
 
 
 def _snapshot_via(parent, root_fd: int, relpath: bytes, store) -> PreImage:

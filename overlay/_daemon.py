@@ -89,6 +89,14 @@ class DaemonContext:
         reload it and restart the "already captured" set."""
         self._on_trio(self.fs.epoch_changed)
 
+    def fence_writes(self, key: tuple[int, int]) -> bool:
+        """``RewindOperations.fence_writes`` from any thread (the restore engine's
+        worker hops to the trio thread, where no request runs meanwhile)."""
+        return self._on_trio(self.fs.fence_writes, key)
+
+    def unfence_writes(self, key: tuple[int, int]) -> None:
+        self._on_trio(self.fs.unfence_writes, key)
+
     def request_unmount(self) -> None:
         self._unmount_pending = True
 

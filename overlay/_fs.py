@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import functools
 import logging
 import os
@@ -126,6 +127,7 @@ class RewindOperations(pyfuse3.Operations):
         self._as_root = os.geteuid() == 0
         self.notifier = Notifier()
         self.stats = {"captures": 0, "capture_errors": 0}
+        self.fenced: set[tuple[int, int]] = set()   # real inodes no one may open to write
 
     # -- epochs and capture --------------------------------------------------------
 
@@ -297,6 +299,8 @@ class RewindOperations(pyfuse3.Operations):
                 if fh in self.handles:
                     os.ftruncate(fh, attr.st_size)
                 else:
+                    if self.fenced:
+                        self._refuse_fenced(node.path)
                     wfd = os.open(name, os.O_WRONLY | _OPEN_ADD, dir_fd=fd)
                     try:
                         os.ftruncate(wfd, attr.st_size)
@@ -492,6 +496,8 @@ class RewindOperations(pyfuse3.Operations):
     def open(self, inode, flags, ctx):
         node = self.table[inode]
         path = self._path(node)
+        if self.fenced and (flags & os.O_TRUNC or flags & os.O_ACCMODE != os.O_RDONLY):
+            self._refuse_fenced(path)
         if flags & os.O_TRUNC or (self.enable_writeback_cache
                                   and flags & os.O_ACCMODE != os.O_RDONLY):
             # With the writeback cache a write(2) returns before we see it, so the
@@ -505,6 +511,8 @@ class RewindOperations(pyfuse3.Operations):
     @_handler
     def create(self, parent_inode, name, mode, flags, ctx):
         path = self._new_path(parent_inode, name)
+        if self.fenced:
+            self._refuse_fenced(path)   # O_CREAT without O_EXCL opens an existing file
         self._guard([(path, False)])
         with self._parent(path) as (fd, n):
             rfd = os.open(n, self._real_flags(flags) | os.O_CREAT, stat.S_IMODE(mode),
@@ -659,6 +667,37 @@ class RewindOperations(pyfuse3.Operations):
                     raise FUSEError(pyfuse3.ENOATTR) from None
                 raise
 
+    # -- write fences for the restore engine -----------------------------------------
+
+    def fence_writes(self, key: tuple[int, int]) -> bool:
+        """Fence real inode ``key`` (dev, ino) against writers, if none can write now.
+
+        True: no open handle can write to it, and until ``unfence_writes(key)`` every
+        new way to write through the mount — ``open`` for writing or with ``O_TRUNC``,
+        ``create`` of an existing name, a truncate without a handle — is answered
+        ``EBUSY`` while a name resolves to that inode.  False: a writable handle is open
+        (or a mapping keeps one); nothing is fenced.  The restore engine fences an inode
+        it adopts as a blob until the inode has no workspace name left
+        (``_restore_adopt``).  Runs on the trio thread, like every handler, so no
+        request interleaves with the check."""
+        for fd in self.handles:
+            if (fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE != os.O_RDONLY
+                    and _key_of(os.fstat(fd)) == key):
+                return False
+        self.fenced.add(key)
+        return True
+
+    def unfence_writes(self, key: tuple[int, int]) -> None:
+        self.fenced.discard(key)
+
+    def _refuse_fenced(self, path: bytes) -> None:
+        try:
+            st = self._lstat(path)
+        except OSError:
+            return
+        if _key_of(st) in self.fenced:
+            raise FUSEError(errno.EBUSY)
+
     # -- cache invalidation for the restore engine ----------------------------------
 
     def invalidate(self, relpath: bytes) -> None:
@@ -710,3 +749,7 @@ class RewindOperations(pyfuse3.Operations):
         return {"epoch": self.epoch_id, "captured": len(self.captured),
                 "writeback": self.enable_writeback_cache,
                 "open_files": len(self.handles), **self.stats, **self.table.statistics()}
+
+
+def _key_of(st: os.stat_result) -> tuple[int, int]:
+    return st.st_dev, st.st_ino

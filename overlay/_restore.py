@@ -27,6 +27,11 @@ Contracts (DESIGN invariants 3–6, 11):
   store is damaged (``Plan.damaged``, code ``index-corrupt``) or whose blob is corrupt.
 - Unchanged paths are skipped (no capture, no write): a second identical rewind is a
   no-op, and the recovery after a crash only touches what is still wrong.
+- Large files: with a daemon's write fence (``writers``) the pre-image of a large plain
+  file the run replaces is the file's own inode, adopted by the store instead of copied
+  (``_restore_adopt``: fenced against writers until its workspace name is gone; any
+  adopted blob still named in the tree after the landings gets a private copy;
+  ``recover`` does the same for an interrupted run).
 
 Blocking and synchronous; the daemon runs it in a worker thread.  Test hook:
 ``REWINDFS_FAULT_AFTER=k`` SIGKILLs the process after its k-th change (see
@@ -49,6 +54,7 @@ from . import _restore_land as L
 from ._capture import capture, capture_images
 from ._ignore import IgnoreRules
 from ._resolve import DirCache, split
+from ._restore_adopt import Adopter, unshare_epoch
 from ._restore_links import InodeIndex, parse_group
 from ._sys import syncfs
 
@@ -127,8 +133,9 @@ class _Groups:
         self.first: dict[bytes, tuple[bytes, int | None]] = {}
 
 
-def _assess(dir_fd: int, name: bytes, action, groups: _Groups) -> str:
-    """How ``action`` would change the entry now: one of CHANGES (never "ignored")."""
+def _assess(dir_fd: int, name: bytes, action, groups: _Groups, store=None) -> str:
+    """How ``action`` would change the entry now: one of CHANGES (never "ignored").
+    ``store``: lets a large file that visibly differs from its target skip the hash."""
     st = L.lstat_at(dir_fd, name)
     cur, img = L.kind_of(st), action.image
     if action.op == "delete":
@@ -143,19 +150,27 @@ def _assess(dir_fd: int, name: bytes, action, groups: _Groups) -> str:
         return "written"
     if img.kind == "dir":
         return "unchanged"          # its metadata is the "meta" action's job
-    if img.kind == "file" and not _same_file(dir_fd, name, st, img, groups):
+    if img.kind == "file" and not _same_file(dir_fd, name, st, img, groups, store):
         return "written"
     if img.kind == "symlink" and os.readlink(name, dir_fd=dir_fd) != img.target:
         return "written"
     return "unchanged" if L.meta_equal(img, st, L.xattrs_at(dir_fd, name)) else "meta"
 
 
-def _same_file(dir_fd, name, st, img, groups: _Groups) -> bool:
+def _same_file(dir_fd, name, st, img, groups: _Groups, store=None) -> bool:
     if img.link_group is not None and img.link_group in groups.first:
         return st.st_ino == groups.first[img.link_group][1]
     # A name outside the plan sharing this inode shared it at the point too (it was not
     # touched since), so an extra link is no reason to rewrite.
-    return st.st_size == img.size and L.file_key(dir_fd, name) == img.blob
+    if st.st_size != img.size:
+        return False
+    if (store is not None and st.st_size > _SAMPLE_MIN_SIZE
+            and L.differs_from_blob(dir_fd, name, img.blob, store)):
+        return False    # a 1 GiB file changed at its start: no full read to learn that
+    return L.file_key(dir_fd, name) == img.blob
+
+
+_SAMPLE_MIN_SIZE = 1 << 20      # the store's inline limit: only blob files are sampled
 
 
 def _note_group(dir_fd, name, path, img, groups: _Groups, *, inode_known: bool) -> None:
@@ -184,14 +199,14 @@ def plan_rewind(root_fd: int, store, ws: int, to, *, paths=None,
     dirs = _dir_cache(root_fd)
     try:
         for action in plan:
-            items.append(PlannedAction(action, _classify(dirs, action, rules, groups)))
+            items.append(PlannedAction(action, _classify(dirs, action, rules, groups, store)))
     finally:
         dirs.close()
     return RewindPlan(target, plan, items, _foreign(store, ws, target, requested, session),
                       requested)
 
 
-def _classify(dirs: DirCache, action, rules, groups) -> str:
+def _classify(dirs: DirCache, action, rules, groups, store=None) -> str:
     if _is_ignored(rules, action):
         return "ignored"
     try:
@@ -201,7 +216,7 @@ def _classify(dirs: DirCache, action, rules, groups) -> str:
         return "created" if action.op not in ("delete", "meta") else "unchanged"
     except (OSError, RewindfsError):
         return "written"    # applying will name the failure (e.g. path-escape)
-    change = _assess(dir_fd, name, action, groups)
+    change = _assess(dir_fd, name, action, groups, store)
     _note_group(dir_fd, name, action.path, action.image, groups,
                 inode_known=change == "unchanged")
     if dirs.full:
@@ -259,6 +274,8 @@ class _Run:
     targets: dict = field(default_factory=dict)      # path → target image (this plan)
     staged: list = field(default_factory=list)       # _Staged files awaiting one syncfs
     staged_bytes: int = 0
+    writers: object = None      # fence_writes/unfence_writes of a daemon: lets us adopt
+    adopter: Adopter | None = None
 
 
 @dataclass
@@ -323,10 +340,10 @@ def _adopt_group(run: _Run, img) -> None:
             return
 
 
-def _new_run(root_fd, store, ws, epoch_id, progress, invalidate) -> _Run:
+def _new_run(root_fd, store, ws, epoch_id, progress, invalidate, writers=None) -> _Run:
     rules = IgnoreRules.load(root_fd)
     return _Run(root_fd, store, ws, epoch_id, progress, invalidate, rules,
-                _dir_cache(root_fd), InodeIndex(root_fd, rules))
+                _dir_cache(root_fd), InodeIndex(root_fd, rules), writers=writers)
 
 
 def _precapture(run: _Run, paths: list[bytes]) -> None:
@@ -348,9 +365,10 @@ def _precapture(run: _Run, paths: list[bytes]) -> None:
 def _capture_all(run: _Run, todo: list[bytes]) -> None:
     if not todo:
         return
+    put_file = None if run.adopter is None else run.adopter.put
     try:
         run.seen.update(capture_images(run.root_fd, run.store, run.ws, run.epoch, todo,
-                                       parent_at=run.dirs.parent))
+                                       parent_at=run.dirs.parent, put_file=put_file))
         run.captured.update(todo)
         return
     except (OSError, RewindfsError):
@@ -358,7 +376,8 @@ def _capture_all(run: _Run, todo: list[bytes]) -> None:
     for path in todo:
         try:
             run.seen.update(capture_images(run.root_fd, run.store, run.ws, run.epoch,
-                                           [path], parent_at=run.dirs.parent))
+                                           [path], parent_at=run.dirs.parent,
+                                           put_file=put_file))
             run.captured.add(path)
         except (OSError, RewindfsError) as exc:
             run.uncaptured[path] = exc
@@ -366,13 +385,16 @@ def _capture_all(run: _Run, todo: list[bytes]) -> None:
 
 def apply_plan(root_fd: int, store, ws: int, plan, *, session: str | None,
                progress=None, invalidate=None, force: bool = False,
-               epoch_changed=None) -> RestoreResult:
+               epoch_changed=None, writers=None) -> RestoreResult:
     """Apply ``plan`` (a ``RewindPlan`` or a store ``Plan``) as a new ``rewind`` epoch
     attributed to ``session``.  ``progress(event)`` gets ``{"type": "rewind.written" |
     "rewind.deleted" | "rewind.failed", "path": bytes, …}``; ``invalidate(relpath)`` is
     called after each landed path; ``epoch_changed()`` right after the rewind epoch
-    opens and right after it closes (the filesystem re-reads its current epoch).  See
-    the module contract for ordering."""
+    opens and right after it closes (the filesystem re-reads its current epoch).
+    ``writers`` (the daemon: ``fence_writes``/``unfence_writes``) lets the run adopt a
+    large file it replaces as its pre-image blob instead of copying it
+    (``_restore_adopt``); without it every pre-image is a copy.  See the module
+    contract for ordering."""
     store_plan = plan.plan if isinstance(plan, RewindPlan) else plan
     requested = plan.requested if isinstance(plan, RewindPlan) else sorted(store_plan.paths)
     turn = store.open_turn(ws)
@@ -384,7 +406,7 @@ def apply_plan(root_fd: int, store, ws: int, plan, *, session: str | None,
     store.put_intent(ws, {"v": 1, "epoch": epoch.id, "target": store_plan.target,
                           "paths": requested, "session": session})
     items = plan.items if isinstance(plan, RewindPlan) else None
-    run = _new_run(root_fd, store, ws, epoch.id, progress, invalidate)
+    run = _new_run(root_fd, store, ws, epoch.id, progress, invalidate, writers)
     try:
         result = _land_all(run, store_plan, items)
     finally:
@@ -416,10 +438,32 @@ def _land_all(run: _Run, store_plan, items=None) -> RestoreResult:
     _report_damaged(run, store_plan, result)
     if items is None:
         groups = _Groups()
-        items = [PlannedAction(a, _classify(run.dirs, a, run.rules, groups))
+        items = [PlannedAction(a, _classify(run.dirs, a, run.rules, groups, run.store))
                  for a in store_plan]
-    _precapture(run, [it.action.path for it in items
-                      if it.change not in ("unchanged", "ignored")])
+    if run.writers is not None:
+        replaced = [it.action.path for it in items if _stageable(it.action, it.change)]
+        run.adopter = Adopter(run.store, run.writers, replaced)
+    try:
+        _precapture(run, [it.action.path for it in items
+                          if it.change not in ("unchanged", "ignored")])
+        _land_actions(run, store_plan, result)
+    finally:
+        _settle_adopted(run, result)
+    _fsync_dirs(run)
+    return result
+
+
+def _settle_adopted(run: _Run, result: RestoreResult) -> None:
+    """After landing: no adopted blob may keep a name in the tree (``_restore_adopt``)."""
+    if run.adopter is None:
+        return
+    for path, exc in run.adopter.settle():
+        _report_failure(run, result, Failure(
+            path, "shared-blob", f"its pre-image still shares the file's inode ({exc}); "
+            "writes to it are refused until the daemon restarts"))
+
+
+def _land_actions(run: _Run, store_plan, result: RestoreResult) -> None:
     for action in store_plan:
         if _is_ignored(run.rules, action):
             result.counts["ignored"] += 1
@@ -442,8 +486,6 @@ def _land_all(run: _Run, store_plan, items=None) -> RestoreResult:
             continue
         _record_landed(run, result, action, change)
     _land_staged(run, result)
-    _fsync_dirs(run)
-    return result
 
 
 def _record_landed(run: _Run, result: RestoreResult, action, change: str) -> None:
@@ -502,7 +544,7 @@ def _land_one(run: _Run, action) -> str:
     _adopt_group(run, action.image)
     change = _seen_change(run, action)
     if change is None:
-        change = _assess(dir_fd, name, action, run.groups)
+        change = _assess(dir_fd, name, action, run.groups, run.store)
     if change == "unchanged":
         _note_group(dir_fd, name, action.path, action.image, run.groups, inode_known=True)
         return change
@@ -662,6 +704,8 @@ def recover(root_fd: int, store, ws: int, *, progress=None, invalidate=None,
         result = _land_all(run, plan, None)
     finally:
         run.dirs.close()
+    # The interrupted run may have adopted inodes whose landing never happened.
+    unshare_epoch(store, ws, rewind_id)
     result.epoch = rewind_id
     if still_open:
         store.end_rewind(ws)

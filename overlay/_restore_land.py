@@ -112,6 +112,29 @@ def kind_of(st: os.stat_result | None) -> str:
 _KEY_CACHE_MIN_SIZE = 8 << 20
 _KEY_CACHE_MARGIN_NS = 2_000_000_000
 _key_cache: dict[tuple, bytes] = {}
+# Every key computed, and the key of every large file landed, without the margin and
+# without the ctime (a landing's rename changes it): only a *hint* for the store
+# (``store.put_fd(fd, hint=…)`` / ``put_known`` try that dedup hit first and verify it
+# by hash and bytes), never trusted to decide anything.  A redo thus finds the file
+# the rewind landed already stored without linking or hashing it first.
+_key_hints: dict[tuple, bytes] = {}
+_HINT_MIN_SIZE = 1 << 20    # smaller content is stored inline: a second hash is cheap
+
+
+def _version(st: os.stat_result) -> tuple:
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+
+def key_hint(st: os.stat_result) -> bytes | None:
+    """The key last computed or landed for this file (inode, size, mtime), if any."""
+    return _key_hints.get(_version(st)[:4])
+
+
+def _remember_hint(st: os.stat_result, key: bytes) -> None:
+    if st.st_size > _HINT_MIN_SIZE:
+        if len(_key_hints) >= 256:
+            _key_hints.clear()
+        _key_hints[_version(st)[:4]] = key
 
 
 def file_key(dir_fd: int, name: bytes) -> bytes:
@@ -119,7 +142,7 @@ def file_key(dir_fd: int, name: bytes) -> bytes:
     fd = os.open(name, _OPEN_META, dir_fd=dir_fd)
     try:
         st = os.fstat(fd)
-        version = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        version = _version(st)
         if version in _key_cache:
             return _key_cache[version]
         began = time.time_ns()
@@ -128,11 +151,22 @@ def file_key(dir_fd: int, name: bytes) -> bytes:
             h.update(chunk)
             off += len(chunk)
         key = h.digest()
+        _remember_hint(st, key)
         if st.st_size >= _KEY_CACHE_MIN_SIZE and st.st_ctime_ns < began - _KEY_CACHE_MARGIN_NS:
             if len(_key_cache) >= 256:
                 _key_cache.clear()
             _key_cache[version] = key
         return key
+    finally:
+        os.close(fd)
+
+
+def differs_from_blob(dir_fd: int, name: bytes, key: bytes, store) -> bool:
+    """True if a sample of the file proves it does not hold blob ``key`` — the cheap
+    early "written" for a large file before ``file_key`` reads all of it."""
+    fd = os.open(name, _OPEN_META, dir_fd=dir_fd)
+    try:
+        return store.blob_differs(key, fd)
     finally:
         os.close(fd)
 
@@ -293,6 +327,7 @@ def stage_file(dir_fd: int, img, store, epoch_id: int, *, sync: bool) -> bytes:
         try:
             store.copy_blob_to_fd(img.blob, fd)
             set_meta_fd(fd, img, fresh=True)
+            _remember_hint(os.fstat(fd), img.blob)
             if sync:
                 os.fsync(fd)
         finally:

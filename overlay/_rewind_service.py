@@ -141,10 +141,19 @@ def _run_rewind(ctx, make_plan, *, dry_run: bool, session, force: bool, send) ->
     result = _restore.apply_plan(
         ctx.root_fd, ctx.store, ctx.ws, plan, session=session, force=force,
         progress=lambda ev: send(events_of(ev)), invalidate=getattr(ctx, "invalidate", None),
-        epoch_changed=getattr(ctx, "epoch_changed", None))
+        epoch_changed=getattr(ctx, "epoch_changed", None),
+        writers=_writers(ctx))
     done = {**result.to_dict(), "exit_code": result.exit_code}
     send({"type": "rewind.done", **done, "failed": len(result.failed)})
     return {**done, "foreign": summary["foreign"]}
+
+
+def _writers(ctx):
+    """Only a daemon can fence writers of a file the rewind adopts (_restore_adopt);
+    ``REWINDFS_ADOPT=0`` turns adopting off (A/B runs in docs/benchmarks.md)."""
+    if not hasattr(ctx, "fence_writes") or os.environ.get("REWINDFS_ADOPT") == "0":
+        return None
+    return ctx
 
 
 def rewind_sync(ctx, params: dict, send) -> dict:

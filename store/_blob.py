@@ -26,6 +26,19 @@ Contract:
 - Key, size and every comparison are of the *uncompressed* content; compression is
   only how an inline payload is kept.  Reading verifies size and hash of the decoded
   bytes: ``BlobMissing`` / ``BlobCorrupt`` (a payload that does not decode is corrupt).
+- Large content is copied in one pass through one reused buffer (read, hash, write:
+  ``_copy_hashed``), for a large ``put_fd`` and for ``copy_to_fd`` into an empty file:
+  the key (or the verification) is the hash of exactly the bytes written.  Against
+  ``copy_file_range`` plus a hash of the copy read back it measured equal or a little
+  faster (one pass instead of two, ~0.35–0.43 s against ~0.44–0.51 s per GiB in the page
+  cache) and needs no fallbacks (docs/benchmarks.md).
+- ``put_fd(fd, hint=key)``: a caller that believes the content is ``key`` (it hashed it
+  earlier) lets the store try the dedup hit first: if ``key`` is stored, the stored
+  bytes and ``fd`` are compared while ``fd`` is hashed, and nothing is written.  The
+  hint is never trusted: a mismatch falls through to the ordinary put.
+- ``put_adopted(path)``: a large file handed over as a hard link in the store's temp
+  area becomes the blob file itself (no copy); see its docstring for what the caller
+  must guarantee, and ``unshare`` for undoing a sharing that outlived its reason.
 
 The rename of a new blob file and its index entry happen inside one write transaction,
 and gc unlinks a file only while holding the write lock with the entry absent, so a put
@@ -38,6 +51,7 @@ import errno
 import itertools
 import logging
 import os
+import stat
 import threading
 import time
 
@@ -92,8 +106,20 @@ class BlobArea:
         return os.path.join(self.tmp_dir, name)
 
     # -- writing ------------------------------------------------------------------
-    def put_fd(self, fd: int) -> tuple[bytes, int]:
-        """Store the content of ``fd`` (read from offset 0 to EOF); return (key, size)."""
+    def put_fd(self, fd: int, hint: bytes | None = None) -> tuple[bytes, int]:
+        """Store the content of ``fd`` (read from offset 0 to EOF); return (key, size).
+        ``hint``: the key the caller expects (tried first as a dedup hit, never trusted)."""
+        if hint is not None:
+            known = self.put_known(fd, hint)
+            if known is not None:
+                return known
+        if _regular_size(fd) > INLINE_MAX:
+            copied = self._put_copied(fd)
+            if copied is not None:
+                return copied
+        return self._put_streamed(fd)
+
+    def _put_streamed(self, fd: int) -> tuple[bytes, int]:
         with _txn.translate():
             h = xxhash.xxh3_128()
             chunks: list[bytes] = []
@@ -160,6 +186,175 @@ class BlobArea:
                         out[i] = self._commit_inline_in(txn, xxhash.xxh3_128(data).digest(),
                                                         data)
         return out
+
+    def _put_copied(self, fd: int) -> tuple[bytes, int] | None:
+        """``put_fd`` of a large file: one hashed copy into the temp file (no inline
+        buffering, no bytes object per chunk).  None if the file shrank to inline size
+        meanwhile (the caller streams it instead)."""
+        with _txn.translate():
+            tmp_path = self._temp_path()
+            tmp_fd = os.open(tmp_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            try:
+                try:
+                    key, size = _copy_hashed(fd, tmp_fd)
+                except OSError as exc:
+                    if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                        raise
+                    os.close(tmp_fd)    # an open unlinked temp file still holds the space
+                    tmp_fd = None
+                    _unlink_quiet(tmp_path)
+                    known = self._known_despite_full(fd, xxhash.xxh3_128(), 0)
+                    if known is None:
+                        raise
+                    return known
+                if size <= INLINE_MAX:
+                    _unlink_quiet(tmp_path)
+                    return None
+                os.fsync(tmp_fd)
+            except BaseException:
+                _unlink_quiet(tmp_path)
+                raise
+            finally:
+                if tmp_fd is not None:
+                    os.close(tmp_fd)
+            return self._commit_file(key, size, tmp_path)
+
+    def put_known(self, fd: int, key: bytes) -> tuple[bytes, int] | None:
+        """If ``key`` is stored and ``fd``'s content (from offset 0) is that blob, touch
+        it and return (key, size) without writing anything; else None.  The content is
+        hashed while compared, so the answer never rests on the caller's claim alone
+        (nor on the stored bytes being intact: equal bytes that hash to ``key`` are the
+        blob's content)."""
+        try:
+            entry = self.entry(key)
+        except BlobMissing:
+            return None
+        h, n = xxhash.xxh3_128(), 0
+
+        def hashed():
+            nonlocal n
+            for chunk in _iter_fd(fd):
+                h.update(chunk)
+                n += len(chunk)
+                yield chunk
+        with _txn.translate():
+            if entry[0] != _regular_size(fd):
+                return None
+            try:
+                same = _streams_equal(self._iter_raw(key, entry), hashed())
+            except BlobMissing:
+                return None
+            if not same or n != entry[0] or h.digest() != key:
+                return None
+            with _txn.write(self.env) as txn:
+                raw = txn.get(key, db=self.db)
+                if raw is None:      # collected meanwhile: store it the ordinary way
+                    return None
+                self._touch(txn, key, S.unpack(raw))
+        return key, n
+
+    def differs(self, key: bytes, fd: int) -> bool:
+        """True if a sample of ``fd`` (its size, first and last ``CHUNK``) proves its
+        content is not blob ``key`` as stored; False when the sample matches or cannot be
+        taken (unknown: the caller hashes).  Only blob files are sampled (their on-disk
+        form is the raw content); a cheap early answer before a full hash of a large
+        file.  A stored blob that is itself damaged may make a file that holds the
+        blob's true content look different: landing it then fails verification."""
+        try:
+            entry = self.entry(key)
+        except BlobMissing:
+            return False
+        if entry[1] != S.FILE:
+            return False
+        size = _regular_size(fd)
+        if size != entry[0]:
+            return True
+        with _txn.translate():
+            try:
+                bfd = os.open(self.file_path(key), os.O_RDONLY | os.O_CLOEXEC)
+            except FileNotFoundError:
+                return False
+            try:
+                return any(os.pread(fd, CHUNK, off) != os.pread(bfd, CHUNK, off)
+                           for off in sorted({0, max(0, size - CHUNK)}))
+            finally:
+                os.close(bfd)
+
+    # -- adopting a file instead of copying it ------------------------------------------
+    def adoption_path(self) -> str:
+        """A fresh name in the store's temp area, for a caller that hard-links a file it
+        hands over to ``put_adopted`` (it must be on the store's filesystem)."""
+        return self._temp_path()
+
+    def put_adopted(self, path: str) -> tuple[bytes, int]:
+        """Make the file at ``path`` (a name from ``adoption_path``) a blob without
+        copying it: hash it there, fsync it, rename it into place (or drop the name on a
+        dedup hit); return (key, size).  The name at ``path`` is consumed either way.
+
+        The key is computed from the inode after it was linked here, so a change made
+        before that point cannot be stored under a wrong key.  The caller guarantees
+        what the store cannot see: from the moment it calls this, nothing writes to the
+        inode through another name or an open fd, until every other name is gone (the
+        blob file then is the inode's only name, as for a copied blob) — or it calls
+        ``unshare(key)``, which gives the store a private copy.  The blob keeps the
+        inode's owner, mode and xattrs; the blob area is 0700, which is what keeps
+        other users out (the content is what the user's file held anyway)."""
+        with _txn.translate():
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+                try:
+                    st = os.fstat(fd)
+                    if not stat.S_ISREG(st.st_mode):
+                        raise StoreError(f"adopted {path} is not a regular file")
+                    if st.st_size <= INLINE_MAX:       # shrank: an inline copy
+                        known = self._put_streamed(fd)
+                        _unlink_quiet(path)
+                        return known
+                    key, size = hash_fd(fd)
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+            except BaseException:
+                _unlink_quiet(path)
+                raise
+            return self._commit_file(key, size, path)
+
+    def unshare(self, key: bytes) -> bool:
+        """If blob ``key``'s file has other names (an adopted inode whose workspace name
+        survived), replace it by a private, verified copy; return True if it did.  A
+        no-op (one ``stat``) otherwise.  ``BlobCorrupt`` if the shared inode no longer
+        holds the blob's content (a caller broke ``put_adopted``'s contract)."""
+        final = self.file_path(key)
+        with _txn.translate():
+            try:
+                if os.stat(final).st_nlink <= 1:
+                    return False
+            except FileNotFoundError:
+                return False
+            tmp_path = self._temp_path()
+            try:
+                src = os.open(final, os.O_RDONLY | os.O_CLOEXEC)
+                try:
+                    tmp_fd = os.open(tmp_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC,
+                                     0o600)
+                    try:
+                        got, _ = _copy_hashed(src, tmp_fd)
+                        if got != key:
+                            raise BlobCorrupt(key=key.hex(), reason="shared file changed")
+                        os.fsync(tmp_fd)
+                    finally:
+                        os.close(tmp_fd)
+                finally:
+                    os.close(src)
+                with _txn.write(self.env) as txn:   # gc unlinks only under this lock
+                    if txn.get(key, db=self.db) is not None:
+                        os.rename(tmp_path, final)
+                        _fsync_dir(os.path.dirname(final))
+            finally:
+                _unlink_quiet(tmp_path)
+        log.info("blob %s was still shared with a workspace file; now a private copy",
+                 key.hex())
+        return True
 
     def _known_despite_full(self, fd: int, h, off: int) -> tuple[bytes, int] | None:
         """The disk filled while spooling ``fd``: finish hashing from ``off``; if the
@@ -310,12 +505,36 @@ class BlobArea:
         return b"".join(self.iter_verified(key))
 
     def copy_to_fd(self, key: bytes, fd: int) -> int:
+        """Write the blob at ``fd``'s offset (an empty file gets a blob file in one
+        hashed pass, ``_copy_hashed``; else it is streamed through ``iter_verified``).
+        Raises ``BlobCorrupt`` after writing if the bytes do not verify: the caller
+        discards ``fd``'s file then."""
+        entry = self.entry(key)
+        if entry[1] == S.FILE and _regular_size(fd) == 0:
+            return self._copy_file_verified(key, entry, fd)
         n = 0
         with _txn.translate():
-            for chunk in self.iter_verified(key):
+            for chunk in self.iter_verified(key, entry):
                 _write_all(fd, chunk)
                 n += len(chunk)
         return n
+
+    def _copy_file_verified(self, key: bytes, entry, fd: int) -> int:
+        with _txn.translate():
+            try:
+                src = os.open(self.file_path(key), os.O_RDONLY | os.O_CLOEXEC)
+            except FileNotFoundError:
+                raise BlobMissing(key=key.hex()) from None
+            try:
+                got, size = _copy_hashed(src, fd)
+            finally:
+                os.close(src)
+            os.lseek(fd, size, os.SEEK_SET)
+        if size != entry[0]:
+            raise BlobCorrupt(key=key.hex(), reason=f"size {size}, expected {entry[0]}")
+        if got != key:
+            raise BlobCorrupt(key=key.hex(), reason="content does not match its hash")
+        return size
 
     def check(self, key: bytes, entry=None) -> None:
         """Raise ``BlobMissing``/``BlobCorrupt`` unless the blob reads back intact."""
@@ -363,6 +582,38 @@ def _decode_inline(key: bytes, entry) -> bytes:
         return _codec()[1].decompress(payload)
     except zstandard.ZstdError as exc:
         raise BlobCorrupt(key=key.hex(), reason=f"compressed payload: {exc}") from None
+
+def _copy_hashed(src: int, dst: int) -> tuple[bytes, int]:
+    """Copy ``src`` from offset 0 to EOF into ``dst`` at offset 0 (file offsets are not
+    used); return (xxh3-128, size) of exactly the bytes written."""
+    h, n = xxhash.xxh3_128(), 0
+    buf = bytearray(CHUNK)
+    view = memoryview(buf)
+    while got := os.preadv(src, [buf], n):
+        h.update(view[:got])
+        done = 0
+        while done < got:
+            done += os.pwrite(dst, view[done:got], n + done)
+        n += got
+    return h.digest(), n
+
+
+def hash_fd(fd: int) -> tuple[bytes, int]:
+    """(xxh3-128, size) of ``fd``'s content from offset 0 (one reused buffer: ~20 %
+    faster than a new ``bytes`` per chunk on a 1 GiB file in the page cache)."""
+    h, n = xxhash.xxh3_128(), 0
+    buf = bytearray(CHUNK)
+    view = memoryview(buf)
+    while got := os.preadv(fd, [buf], n):
+        h.update(view[:got])
+        n += got
+    return h.digest(), n
+
+
+def _regular_size(fd: int) -> int:
+    """Size of a regular file, -1 for anything else (pipes, devices: streamed)."""
+    st = os.fstat(fd)
+    return st.st_size if stat.S_ISREG(st.st_mode) else -1
 
 
 def _write_all(fd: int, data) -> None:

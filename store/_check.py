@@ -12,6 +12,8 @@ Checks, each reported as a typed ``Problem(code, message, paths)``:
 - every journal value decodes (``index-corrupt``, naming its path);
 - each workspace has at most one open epoch, its newest (``epoch-state``), and the next
   epoch id is above every existing one (``epoch-counter``);
+- a blob file has no other name (``shared-blob``: an adopted inode still also named in
+  a workspace, so a write there would change the blob; ``BlobArea.unshare`` fixes it);
 - orphans: blobs no journal entry references (``orphan-blob``) and blob files without an
   entry (``orphan-file``) are *warnings* — normal for a capture in flight or after a
   crash; gc collects them.
@@ -98,6 +100,19 @@ def _check_blobs(store, blobs, refs, report) -> None:
     for key, path in _gc.blob_files(store.blobs.root):
         if key not in blobs or blobs[key][1] != S.FILE:
             report.problems.append(Problem("orphan-file", f"blob file {path} has no entry"))
+        elif _nlink(path) > 1:
+            # an adopted inode (put_adopted) whose other name survived: a write there
+            # would change the blob
+            report.problems.append(Problem(
+                "shared-blob", f"blob file {path} has other names (hard links)",
+                tuple(refs.get(key, ()))))
+
+
+def _nlink(path: str) -> int:
+    try:
+        return os.lstat(path).st_nlink
+    except FileNotFoundError:
+        return 0
 
 
 def _check_journal(txn, db, report) -> None:

@@ -243,9 +243,39 @@ class Store:
             return _session.newest_rewind(txn, self._db, ws, session)
 
     # -- blobs ------------------------------------------------------------------------
-    def put_fd(self, fd: int) -> tuple[bytes, int]:
+    def put_fd(self, fd: int, hint: bytes | None = None) -> tuple[bytes, int]:
+        """Store ``fd``'s content; ``hint`` = the key the caller expects (a dedup hit
+        is tried first and verified; never trusted)."""
         self._check_usable()
-        return self.blobs.put_fd(fd)
+        return self.blobs.put_fd(fd, hint)
+
+    def put_known(self, fd: int, key: bytes) -> tuple[bytes, int] | None:
+        """The dedup hit alone: touch blob ``key`` if ``fd`` holds exactly it (verified
+        by hash and bytes) and return (key, size); None otherwise.  Writes no data."""
+        self._check_usable()
+        return self.blobs.put_known(fd, key)
+
+    def blob_differs(self, key: bytes, fd: int) -> bool:
+        """True if a cheap sample proves ``fd``'s content is not blob ``key``
+        (``BlobArea.differs``); False means "hash to know"."""
+        self._check_usable()
+        return self.blobs.differs(key, fd)
+
+    def adoption_path(self) -> str:
+        """A fresh name in the blob area's temp directory for ``put_adopted``."""
+        self._check_usable()
+        return self.blobs.adoption_path()
+
+    def put_adopted(self, path: str) -> tuple[bytes, int]:
+        """Take the file hard-linked at ``path`` as a blob without copying it (the
+        caller's guarantees: ``BlobArea.put_adopted``)."""
+        self._check_usable()
+        return self.blobs.put_adopted(path)
+
+    def unshare_blob(self, key: bytes) -> bool:
+        """Give blob ``key`` a private copy if its file still has another name."""
+        self._check_usable()
+        return self.blobs.unshare(key)
 
     def put_fds(self, fds) -> list[tuple[bytes, int]]:
         """``put_fd`` of each fd; the small contents in one transaction (``BlobArea``)."""
