@@ -267,6 +267,16 @@ def test_crash_between_adopt_and_landing_is_recovered(hist):
 pytest_mount = pytest.mark.mount
 
 
+def _change_in_turn(m, ws, real_fd):
+    """Turn 1 changes big.bin through the mount; return its new content and the inode
+    (as seen in the bare directory) that now holds it."""
+    m.call("turn.begin", session="s", turn=1, label="l")
+    with open(ws / "big.bin", "r+b") as f:
+        f.write(b"changed!")
+    m.call("turn.end")
+    return (ws / "big.bin").read_bytes(), os.stat(b"big.bin", dir_fd=real_fd).st_ino
+
+
 def _mount_history(tmp_path):
     ws = tmp_path / "ws"
     ws.mkdir()
@@ -281,12 +291,7 @@ def test_mount_rewind_and_redo_adopt(tmp_path):
     real = os.open(ws, os.O_RDONLY | os.O_DIRECTORY)
     try:
         with mounted(ws, tmp_path / "store") as m:
-            m.call("turn.begin", session="s", turn=1, label="l")
-            with open(ws / "big.bin", "r+b") as f:
-                f.write(b"changed!")
-            m.call("turn.end")
-            new = (ws / "big.bin").read_bytes()
-            inode = os.stat(b"big.bin", dir_fd=real).st_ino
+            new, inode = _change_in_turn(m, ws, real)
             res = m.call("rewind", to="t1", session="s")
             assert res["failed"] == []
             assert (ws / "big.bin").read_bytes() == old
@@ -325,12 +330,7 @@ def test_mount_open_writer_means_copy(tmp_path):
     real = os.open(ws, os.O_RDONLY | os.O_DIRECTORY)
     try:
         with mounted(ws, tmp_path / "store") as m:
-            m.call("turn.begin", session="s", turn=1, label="l")
-            with open(ws / "big.bin", "r+b") as f:
-                f.write(b"changed!")
-            m.call("turn.end")
-            new = (ws / "big.bin").read_bytes()
-            inode = os.stat(b"big.bin", dir_fd=real).st_ino
+            new, inode = _change_in_turn(m, ws, real)
             writer = open(ws / "big.bin", "r+b")
             try:
                 res = m.call("rewind", to="t1", session="s")

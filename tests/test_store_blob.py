@@ -38,6 +38,21 @@ def test_put_fd_round_trips_around_the_threshold(store, tmp_path, size):
     assert on_disk == (size > _blob.INLINE_MAX)
 
 
+def _every_content_hashes_to(key: bytes, monkeypatch) -> None:
+    """Force collisions: from now on every content the blob area hashes gets ``key``."""
+    class Same:
+        def __init__(self, *a):
+            pass
+
+        def update(self, _):
+            pass
+
+        def digest(self):
+            return key
+
+    monkeypatch.setattr(_blob.xxhash, "xxh3_128", Same)
+
+
 def test_put_fd_reads_from_offset_zero(store, tmp_path):
     fd = _file(tmp_path, b"0123456789")
     try:
@@ -141,17 +156,7 @@ def test_key_hit_with_different_bytes_is_a_collision_and_changes_nothing(store, 
     """Force a collision by making every content hash to the same key."""
     key, _ = store.put_bytes(b"first")
 
-    class Same:
-        def __init__(self, *a):
-            pass
-
-        def update(self, _):
-            pass
-
-        def digest(self):
-            return key
-
-    monkeypatch.setattr(_blob.xxhash, "xxh3_128", Same)
+    _every_content_hashes_to(key, monkeypatch)
     with pytest.raises(BlobCollision):
         store.put_bytes(b"secon")
     with pytest.raises(BlobCollision):
@@ -240,17 +245,7 @@ def test_collision_with_a_compressed_entry_changes_nothing(store, monkeypatch):
     key, _ = store.put_bytes(first)
     entry = _entry(store, key)
 
-    class Same:
-        def __init__(self, *a):
-            pass
-
-        def update(self, _):
-            pass
-
-        def digest(self):
-            return key
-
-    monkeypatch.setattr(_blob.xxhash, "xxh3_128", Same)
+    _every_content_hashes_to(key, monkeypatch)
     with pytest.raises(BlobCollision):     # same size, different bytes
         store.put_bytes(first[:-1] + b"!")
     monkeypatch.undo()
