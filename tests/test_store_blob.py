@@ -437,3 +437,18 @@ def test_put_fds_collision_mid_batch_stores_none_of_it(store, tmp_path, monkeypa
         _close(fds)
     monkeypatch.undo()
     assert dump(store) == before
+
+
+def test_a_hint_naming_a_damaged_compressed_entry_falls_through_and_repairs(store, tmp_path):
+    """``put_fd(fd, hint)``: the hinted dedup hit meets a payload that does not decode;
+    the put goes on the ordinary way (and repairs the entry) instead of failing."""
+    data = _text(30_000)
+    key, _ = store.put_bytes(data)
+    _set_payload(store, key, DAMAGED_ZSTD["garbage"](_entry(store, key)[3]))
+    fd = _file(tmp_path, data)
+    try:
+        assert store.put_known(fd, key) is None
+        assert store.put_fd(fd, key) == (key, len(data))
+    finally:
+        os.close(fd)
+    assert store.read_blob(key) == data
