@@ -28,6 +28,7 @@ import logging
 import os
 import stat
 
+from store import INLINE_MAX
 from store._errors import PathEscape
 from store._preimage import PreImage
 
@@ -82,10 +83,6 @@ class _ContentBatch:
 
     MAX_FILES = 256
     MAX_BYTES = 64 << 20
-    # A larger file is not worth holding: it would get its own put (and transaction)
-    # inside ``put_fds`` anyway, so a ``put`` hook may take it directly (the rewind's
-    # adoption of large files, _restore_adopt).
-    SMALL = 1 << 20
 
     def __init__(self):
         self.fds: list[int] = []
@@ -134,7 +131,9 @@ def _file_content(dir_fd: int, name: bytes, st: os.stat_result, store,
         now = os.fstat(fd)
         if (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
             raise OSError(errno.EAGAIN, "file replaced while capturing")
-        if batch is not None and (put is None or now.st_size <= batch.SMALL):
+        # a larger file would get its own put inside ``put_fds`` anyway, so a ``put``
+        # hook (the rewind's adoption of large files) takes it directly
+        if batch is not None and (put is None or now.st_size <= INLINE_MAX):
             pending, fd = batch.hold(fd, now.st_size), None     # the batch closes it
             return pending, now.st_size
         return store.put_fd(fd) if put is None else put(dir_fd, name, fd)

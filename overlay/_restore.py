@@ -47,7 +47,7 @@ import os
 import resource
 from dataclasses import dataclass, field
 
-from store import NothingToRedo, Plan, RewindfsError, TurnOpen
+from store import INLINE_MAX, NothingToRedo, Plan, RewindfsError, TurnOpen
 from store._preimage import check_relpath
 
 from . import _restore_land as L
@@ -164,13 +164,10 @@ def _same_file(dir_fd, name, st, img, groups: _Groups, store=None) -> bool:
     # touched since), so an extra link is no reason to rewrite.
     if st.st_size != img.size:
         return False
-    if (store is not None and st.st_size > _SAMPLE_MIN_SIZE
+    if (store is not None and st.st_size > INLINE_MAX     # only blob files are sampled
             and L.differs_from_blob(dir_fd, name, img.blob, store)):
         return False    # a 1 GiB file changed at its start: no full read to learn that
     return L.file_key(dir_fd, name) == img.blob
-
-
-_SAMPLE_MIN_SIZE = 1 << 20      # the store's inline limit: only blob files are sampled
 
 
 def _note_group(dir_fd, name, path, img, groups: _Groups, *, inode_known: bool) -> None:

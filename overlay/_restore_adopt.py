@@ -41,7 +41,7 @@ import logging
 import os
 import stat
 
-from store._blob import INLINE_MAX
+from store import INLINE_MAX
 from store._errors import RewindfsError
 
 from . import _restore_land as L

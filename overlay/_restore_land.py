@@ -27,14 +27,12 @@ import signal
 import stat
 import time
 
-import xxhash
-
+from store import INLINE_MAX, hash_fd
 from store._errors import RewindfsError
 
 log = logging.getLogger(__name__)
 
 TMP_PREFIX = b".rewindfs~"
-_CHUNK = 1 << 20
 _OPEN_META = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
 # Namespaces a restore manages: extra names there are removed to match the target.
 # security.*/system.* belong to the system (SELinux labels, ACL mirrors) and stay.
@@ -118,7 +116,6 @@ _key_cache: dict[tuple, bytes] = {}
 # by hash and bytes), never trusted to decide anything.  A redo thus finds the file
 # the rewind landed already stored without linking or hashing it first.
 _key_hints: dict[tuple, bytes] = {}
-_HINT_MIN_SIZE = 1 << 20    # smaller content is stored inline: a second hash is cheap
 
 
 def _version(st: os.stat_result) -> tuple:
@@ -131,7 +128,7 @@ def key_hint(st: os.stat_result) -> bytes | None:
 
 
 def _remember_hint(st: os.stat_result, key: bytes) -> None:
-    if st.st_size > _HINT_MIN_SIZE:
+    if st.st_size > INLINE_MAX:    # smaller content is inline: a second hash is cheap
         if len(_key_hints) >= 256:
             _key_hints.clear()
         _key_hints[_version(st)[:4]] = key
@@ -146,11 +143,7 @@ def file_key(dir_fd: int, name: bytes) -> bytes:
         if version in _key_cache:
             return _key_cache[version]
         began = time.time_ns()
-        h, off = xxhash.xxh3_128(), 0
-        while chunk := os.pread(fd, _CHUNK, off):
-            h.update(chunk)
-            off += len(chunk)
-        key = h.digest()
+        key, _size = hash_fd(fd)
         _remember_hint(st, key)
         if st.st_size >= _KEY_CACHE_MIN_SIZE and st.st_ctime_ns < began - _KEY_CACHE_MARGIN_NS:
             if len(_key_cache) >= 256:

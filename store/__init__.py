@@ -2,7 +2,7 @@
 no trio, never touches a workspace).  See docs/architecture.md for the contract and
 docs/store.md for the on-disk layout, durability and measurements."""
 
-from ._blob import BlobCollision
+from ._blob import INLINE_MAX, BlobCollision, hash_fd
 from ._check import FsckReport, Problem
 from ._epoch import Epoch
 from ._errors import (
@@ -19,10 +19,10 @@ from ._session import AmbiguousPoint, BadSession, SessionConflict
 from ._store import Store
 
 __all__ = [
-    "Action", "AmbiguousPoint", "BadPath", "BadPoint", "BadSession", "BlobCollision",
+    "INLINE_MAX", "Action", "AmbiguousPoint", "BadPath", "BadPoint", "BadSession", "BlobCollision",
     "BlobCorrupt", "BlobMissing", "Epoch", "EpochClosed", "FsckReport", "GcReport",
     "IndexCorrupt", "NothingToRedo", "PathEscape", "Plan", "PreImage", "Problem",
     "RewindfsError", "SchemaTooNew", "SessionConflict", "Store", "StoreError", "StoreFull",
     "StoreInsideWorkspace", "TurnOpen", "UnknownPoint",
-    "check_relpath", "default_store_path",
+    "check_relpath", "default_store_path", "hash_fd",
 ]
