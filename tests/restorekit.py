@@ -8,10 +8,28 @@ store's journal is what a mount would have recorded.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 
 from overlay._capture import capture, subtree
+from store import Store
+from store_fixtures import assert_sound
+
+
+@contextlib.contextmanager
+def open_history(tmp_path):
+    """A ``History`` of ``tmp_path/ws`` over its own store ``tmp_path/store``; when the
+    block ends without an error the store must pass its consistency check."""
+    (tmp_path / "ws").mkdir(exist_ok=True)
+    store = Store.open(tmp_path / "store")
+    h = History(store, tmp_path / "ws")
+    try:
+        yield h
+        assert_sound(store)
+    finally:
+        h.close()
+        store.close()
 
 
 class History:

@@ -10,8 +10,8 @@ import os
 import pytest
 
 from mountkit import cli, mounted
-from restorekit import History
-from store import Store, UnknownPoint
+from restorekit import History, open_history
+from store import UnknownPoint
 from store import _schema as S
 from store_fixtures import assert_sound
 
@@ -24,16 +24,9 @@ def _jsonl(out: str) -> list[dict]:
 
 @pytest.fixture
 def hist(tmp_path):
-    (tmp_path / "ws").mkdir()
-    (tmp_path / "ws" / "f").write_bytes(b"0" * KB10)
-    store = Store.open(tmp_path / "store")
-    h = History(store, tmp_path / "ws")
-    try:
+    with open_history(tmp_path) as h:
+        (tmp_path / "ws" / "f").write_bytes(b"0" * KB10)
         yield h
-        assert_sound(store)
-    finally:
-        h.close()
-        store.close()
 
 
 def turns(h: History, n: int, session="s1", start=1) -> list[int]:

@@ -12,8 +12,8 @@ import subprocess
 import pytest
 
 from overlay._restore import apply_plan, plan_redo, plan_rewind
-from restorekit import History
-from store import NothingToRedo, RewindfsError, Store, TurnOpen
+from restorekit import History, open_history
+from store import NothingToRedo, RewindfsError, TurnOpen
 from store_fixtures import assert_sound
 from treesnap import compare, snapshot
 
@@ -22,15 +22,8 @@ NS = 1_600_000_000_123_456_789
 
 @pytest.fixture
 def hist(tmp_path):
-    (tmp_path / "ws").mkdir()
-    store = Store.open(tmp_path / "store")
-    h = History(store, tmp_path / "ws")
-    try:
+    with open_history(tmp_path) as h:
         yield h
-        assert_sound(store)
-    finally:
-        h.close()
-        store.close()
 
 
 def rewind(h: History, to, **kw):

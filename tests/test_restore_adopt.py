@@ -19,7 +19,7 @@ import xxhash
 
 from mountkit import mounted
 from overlay._restore import apply_plan, plan_redo, plan_rewind, recover
-from restorekit import History
+from restorekit import History, open_history
 from store import Store
 from store_fixtures import assert_sound
 
@@ -59,16 +59,9 @@ def blob_links(store) -> list[int]:
 
 @pytest.fixture
 def hist(tmp_path):
-    (tmp_path / "ws").mkdir()
-    store = Store.open(tmp_path / "store")
-    h = History(store, tmp_path / "ws")
-    try:
+    with open_history(tmp_path) as h:
         yield h
-        assert all(n == 1 for n in blob_links(store)), blob_links(store)
-        assert_sound(store)
-    finally:
-        h.close()
-        store.close()
+        assert all(n == 1 for n in blob_links(h.store)), blob_links(h.store)
 
 
 def big_history(h: History, rel=b"big.bin"):

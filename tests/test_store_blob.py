@@ -416,20 +416,8 @@ def test_put_fds_collision_mid_batch_stores_none_of_it(store, tmp_path, monkeypa
     contents before it in the batch are not stored either (one transaction)."""
     from test_store_badinput import dump
     before = dump(store)
-    key = b"k" * 16
-
-    class Same:
-        def __init__(self, *a):
-            pass
-
-        def update(self, _):
-            pass
-
-        def digest(self):
-            return key
-
     fds = _fds(tmp_path, [b"first", b"secon"])
-    monkeypatch.setattr(_blob.xxhash, "xxh3_128", Same)
+    _every_content_hashes_to(b"k" * 16, monkeypatch)
     try:
         with pytest.raises(BlobCollision):
             store.put_fds(fds)
