@@ -12,8 +12,14 @@ import xxhash
 from overlay import _diff
 
 
-def _root(tmp_path):
-    return os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+def _state_now_with(tmp_path, monkeypatch, file_key):
+    """``state_now`` of ``tmp_path/f`` with ``file_key`` standing in for the hash."""
+    monkeypatch.setattr(_diff.L, "file_key", file_key)
+    fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        return _diff.state_now(fd, None, b"f")
+    finally:
+        os.close(fd)
 
 
 def test_file_renamed_away_while_hashing_is_looked_at_again(tmp_path, monkeypatch):
@@ -28,12 +34,7 @@ def test_file_renamed_away_while_hashing_is_looked_at_again(tmp_path, monkeypatc
             raise FileNotFoundError(2, "gone")
         return real_key(dir_fd, name)
 
-    monkeypatch.setattr(_diff.L, "file_key", racing_key)
-    fd = _root(tmp_path)
-    try:
-        img = _diff.state_now(fd, None, b"f")
-    finally:
-        os.close(fd)
+    img = _state_now_with(tmp_path, monkeypatch, racing_key)
     assert len(calls) == 2
     assert img.kind == "file" and img.size == len(b"new content")
     assert img.blob == xxhash.xxh3_128(b"new content").digest()
@@ -45,12 +46,7 @@ def test_file_that_keeps_vanishing_counts_as_absent(tmp_path, monkeypatch):
     def always_gone(dir_fd, name):
         raise FileNotFoundError(2, "gone")
 
-    monkeypatch.setattr(_diff.L, "file_key", always_gone)
-    fd = _root(tmp_path)
-    try:
-        assert _diff.state_now(fd, None, b"f").kind == "absent"
-    finally:
-        os.close(fd)
+    assert _state_now_with(tmp_path, monkeypatch, always_gone).kind == "absent"
 
 
 def test_other_errors_still_surface(tmp_path, monkeypatch):
@@ -59,10 +55,5 @@ def test_other_errors_still_surface(tmp_path, monkeypatch):
     def denied(dir_fd, name):
         raise PermissionError(13, "denied")
 
-    monkeypatch.setattr(_diff.L, "file_key", denied)
-    fd = _root(tmp_path)
-    try:
-        with pytest.raises(PermissionError):   # not taken for a vanished file
-            _diff.state_now(fd, None, b"f")
-    finally:
-        os.close(fd)
+    with pytest.raises(PermissionError):   # not taken for a vanished file
+        _state_now_with(tmp_path, monkeypatch, denied)
