@@ -64,20 +64,20 @@ def damage_blob_file(store, ws_id, epoch, rel) -> None:
         f.write(bytes([byte[0] ^ 0xFF]))
 
 
-def damage_inline(store, ws_id, epoch, rel) -> None:
-    key = _blob_of(store, ws_id, epoch, rel)
-    with store._w() as txn:
-        size, where, touched, data = S.unpack(txn.get(key, db=store._db["blobs"]))
-        assert where == S.INLINE
-        txn.put(key, S.pack([size, where, touched, _flip(data, 10)]), db=store._db["blobs"])
+def _damage_payload(kind: int, offset: int):
+    """A damage function flipping the inline payload of an entry of ``kind`` at ``offset``."""
+    def damage(store, ws_id, epoch, rel) -> None:
+        key = _blob_of(store, ws_id, epoch, rel)
+        with store._w() as txn:
+            size, where, touched, data = S.unpack(txn.get(key, db=store._db["blobs"]))
+            assert where == kind
+            txn.put(key, S.pack([size, where, touched, _flip(data, offset)]),
+                    db=store._db["blobs"])
+    return damage
 
 
-def damage_inline_zstd(store, ws_id, epoch, rel) -> None:
-    key = _blob_of(store, ws_id, epoch, rel)
-    with store._w() as txn:
-        size, where, touched, data = S.unpack(txn.get(key, db=store._db["blobs"]))
-        assert where == S.INLINE_ZSTD
-        txn.put(key, S.pack([size, where, touched, _flip(data, 20)]), db=store._db["blobs"])
+damage_inline = _damage_payload(S.INLINE, 10)
+damage_inline_zstd = _damage_payload(S.INLINE_ZSTD, 20)
 
 
 def damage_journal(store, ws_id, epoch, rel) -> None:
