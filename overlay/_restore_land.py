@@ -314,7 +314,7 @@ def stage_file(dir_fd: int, img, store, epoch_id: int, *, sync: bool) -> bytes:
     file) before ``land_staged`` renames it into place, or a crash could leave a torn
     file under the real name."""
     tmp = temp_name(epoch_id)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                  0o600, dir_fd=dir_fd)
     try:
         try:

@@ -26,12 +26,10 @@ Contract:
 - Key, size and every comparison are of the *uncompressed* content; compression is
   only how an inline payload is kept.  Reading verifies size and hash of the decoded
   bytes: ``BlobMissing`` / ``BlobCorrupt`` (a payload that does not decode is corrupt).
-- Large content is copied in one pass through one reused buffer (read, hash, write:
-  ``_copy_hashed``), for a large ``put_fd`` and for ``copy_to_fd`` into an empty file:
-  the key (or the verification) is the hash of exactly the bytes written.  Against
-  ``copy_file_range`` plus a hash of the copy read back it measured equal or a little
-  faster (one pass instead of two, ~0.35–0.43 s against ~0.44–0.51 s per GiB in the page
-  cache) and needs no fallbacks (docs/benchmarks.md).
+- Large content is copied by ``_copy.copy_hashed`` (the kernel copies, a helper
+  thread hashes the copy read back), for a large ``put_fd`` and for ``copy_to_fd`` into
+  an empty file: the key (or the verification) is the hash of exactly the bytes
+  written.
 - ``put_fd(fd, hint=key)``: a caller that believes the content is ``key`` (it hashed it
   earlier) lets the store try the dedup hit first: if ``key`` is stored, the stored
   bytes and ``fd`` are compared while ``fd`` is hashed, and nothing is written.  The
@@ -60,11 +58,11 @@ import zstandard
 
 from . import _schema as S
 from . import _txn
+from ._copy import CHUNK, copy_hashed, hash_fd
 from ._errors import BlobCorrupt, BlobMissing, StoreError
 
 log = logging.getLogger(__name__)
 
-CHUNK = 1 << 20
 # Measured with scripts/bench_store.py (see docs/store.md): below this size a blob is
 # cheaper inside LMDB than as its own fsynced file.
 INLINE_MAX = 1 << 20
@@ -211,9 +209,10 @@ class BlobArea:
         return (temp path, key, size).  On any error the temp file is gone (closed
         first: an open unlinked file would still hold the space of a full disk)."""
         tmp_path = self._temp_path()
-        tmp_fd = os.open(tmp_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        # read and write: the copy is hashed as read back (store/_copy.py)
+        tmp_fd = os.open(tmp_path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         try:
-            key, size = _copy_hashed(src, tmp_fd)
+            key, size = copy_hashed(src, tmp_fd)
             os.fsync(tmp_fd)
         except BaseException:
             os.close(tmp_fd)
@@ -491,7 +490,7 @@ class BlobArea:
 
     def copy_to_fd(self, key: bytes, fd: int) -> int:
         """Write the blob at ``fd``'s offset (an empty file gets a blob file in one
-        hashed pass, ``_copy_hashed``; else it is streamed through ``iter_verified``).
+        hashed pass, ``copy_hashed``; else it is streamed through ``iter_verified``).
         Raises ``BlobCorrupt`` after writing if the bytes do not verify: the caller
         discards ``fd``'s file then."""
         entry = self.entry(key)
@@ -511,7 +510,7 @@ class BlobArea:
             except FileNotFoundError:
                 raise BlobMissing(key=key.hex()) from None
             try:
-                got, size = _copy_hashed(src, fd)
+                got, size = copy_hashed(src, fd)
             finally:
                 os.close(src)
             os.lseek(fd, size, os.SEEK_SET)
@@ -567,27 +566,6 @@ def _decode_inline(key: bytes, entry) -> bytes:
         return _codec()[1].decompress(payload)
     except zstandard.ZstdError as exc:
         raise BlobCorrupt(key=key.hex(), reason=f"compressed payload: {exc}") from None
-
-def _copy_hashed(src: int, dst: int | None) -> tuple[bytes, int]:
-    """Copy ``src`` from offset 0 to EOF into ``dst`` at offset 0 (file offsets are not
-    used; ``dst`` None: only hash); return (xxh3-128, size) of exactly those bytes.  One
-    reused buffer: ~20 % faster than a new ``bytes`` per chunk on a 1 GiB file."""
-    h, n = xxhash.xxh3_128(), 0
-    buf = bytearray(CHUNK)
-    view = memoryview(buf)
-    while got := os.preadv(src, [buf], n):
-        h.update(view[:got])
-        done = 0
-        while dst is not None and done < got:
-            done += os.pwrite(dst, view[done:got], n + done)
-        n += got
-    return h.digest(), n
-
-
-def hash_fd(fd: int) -> tuple[bytes, int]:
-    """(xxh3-128, size) of ``fd``'s content from offset 0: the blob key function."""
-    return _copy_hashed(fd, None)
-
 
 def _regular_size(fd: int) -> int:
     """Size of a regular file, -1 for anything else (pipes, devices: streamed)."""
