@@ -796,6 +796,8 @@ def markdown(report: dict) -> str:
     if "cp_big_s" in rw:
         out += ["| rewind / store | figure |", "|---|---|",
                 f"| rewind of {rw['rewind_small_files']:,} small files | {rw['rewind_small_s']:.2f} s |",
+                f"| the same landing by hand on the bare directory | "
+                f"{rw.get('bare_landing_small_s', float('nan')):.2f} s |",
                 f"| cp + fsync of the big file | {rw['cp_big_s']:.2f} s |",
                 f"| rewind of the big file | {rw['rewind_big_s']:.2f} s ({rw['rewind_big_vs_cp']:.2f}× cp) |",
                 f"| redo of the big file | {rw['redo_big_s']:.2f} s ({rw['redo_big_vs_cp']:.2f}× cp) |",

@@ -8,11 +8,13 @@ Contract:
   another process writes), the key is the hash of what was written, because it is
   computed from ``dst`` read back, or in the fallback from the very buffer written.
 - The kernel copies (``copy_file_range``: page cache to page cache, no bytes through
-  Python) while one helper thread hashes the part already copied, read back from
-  ``dst``.  Measured on 1 GiB in the page cache (ext4, 2 cores; docs/benchmarks.md,
-  section 6b): 0.29-0.35 s, against 0.34-0.40 s for a read/hash/write loop, which also
-  took 1.0-1.3 s in one run of three to five.  Copy-then-hash without the helper
-  thread took 0.42-0.46 s.
+  Python) in ``STEP`` slices; the writeback of each slice is started at once
+  (``sync_file_range``), so the disk works during the copy instead of in the caller's
+  fsync/syncfs afterwards, and the kernel's dirty-page throttling never holds the
+  copy; one helper thread hashes each slice, read back from ``dst``, while the next
+  is copied.  Measured on 1 GiB in the page cache (ext4, 2 cores; docs/benchmarks.md,
+  section 6b), copy + fsync: 0.55-0.67 s, against 0.82-0.9 s for ``cp`` + fsync and
+  0.9-1.8 s for the read/hash/write loop.
 - Where the kernel cannot copy between the two files (another filesystem: ``EXDEV``; a
   file system or fd kind without support: ``EINVAL``, ``EOPNOTSUPP``, ``ENOSYS``) or
   ``dst`` cannot be read back (opened write-only), it falls back to one pass through
@@ -100,6 +102,9 @@ _SYNC_FILE_RANGE_WRITE = 2
 
 
 def _start_writeback(fd: int, off: int, length: int) -> None:
+    """Start (not wait for) writing [off, off+length) of ``fd`` to disk.  Advisory: its
+    result is ignored, because the caller's fsync/syncfs is what makes the data durable
+    and reports an I/O error."""
     if _sync_file_range is not None:
         _sync_file_range(fd, off, length, _SYNC_FILE_RANGE_WRITE)
 

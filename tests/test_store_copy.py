@@ -56,6 +56,19 @@ def test_kernel_copy_really_is_used(tmp_path, small_steps, monkeypatch):
     assert sum(c[2] for c in calls) >= len(data) and len(calls) >= 5
 
 
+def test_writeback_of_every_slice_is_started_during_the_copy(tmp_path, small_steps,
+                                                            monkeypatch):
+    started = []
+    monkeypatch.setattr(_copy, "_sync_file_range",
+                        lambda fd, off, n, flags: started.append((off, n, flags)) or 0)
+    data = os.urandom(4 * (64 << 10) + 100)
+    _copied(tmp_path, data)
+    assert all(flags == _copy._SYNC_FILE_RANGE_WRITE for _, _, flags in started)
+    covered = sorted((off, off + n) for off, n, _ in started)
+    assert covered[0][0] == 0 and covered[-1][1] == len(data)
+    assert all(a[1] == b[0] for a, b in zip(covered, covered[1:]))
+
+
 def test_write_only_destination_falls_back_to_the_buffered_copy(tmp_path, monkeypatch):
     monkeypatch.setattr(os, "copy_file_range", _must_not_be_called)
     data = os.urandom(3 * _copy.CHUNK + 5)
