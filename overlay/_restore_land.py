@@ -314,6 +314,7 @@ def stage_file(dir_fd: int, img, store, epoch_id: int, *, sync: bool) -> bytes:
     file) before ``land_staged`` renames it into place, or a crash could leave a torn
     file under the real name."""
     tmp = temp_name(epoch_id)
+    # read-write: the store's kernel copy verifies the blob by reading the copy back
     fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                  0o600, dir_fd=dir_fd)
     try:
