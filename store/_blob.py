@@ -146,7 +146,7 @@ class BlobArea:
                     raise
                 os.close(tmp_fd)   # an open unlinked temp file still holds the space
                 tmp_fd = None
-                known = self._known_despite_full(fd, h, off)
+                known = self._known_despite_full(fd)
                 if known is None:
                     raise
                 return known
@@ -195,7 +195,7 @@ class BlobArea:
             except OSError as exc:
                 if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
                     raise
-                known = self._known_despite_full(fd, xxhash.xxh3_128(), 0)
+                known = self._known_despite_full(fd)
                 if known is None:
                     raise
                 return known
@@ -351,15 +351,12 @@ class BlobArea:
                  key.hex())
         return True
 
-    def _known_despite_full(self, fd: int, h, off: int) -> tuple[bytes, int] | None:
-        """The disk filled while spooling ``fd``: finish hashing from ``off``; if the
-        store already holds that exact content, touch it and return (key, size), else
-        None (``put_known``, which verifies by bytes and hash).  Runs inside
-        ``put_fd``'s ``translate()``: a failed touch is StoreFull."""
-        while chunk := os.pread(fd, CHUNK, off):
-            h.update(chunk)
-            off += len(chunk)
-        known = self.put_known(fd, h.digest())
+    def _known_despite_full(self, fd: int) -> tuple[bytes, int] | None:
+        """The disk filled while spooling ``fd``: if the store already holds exactly
+        its content, touch it and return (key, size), else None (``put_known`` with the
+        key of ``fd``; it verifies by bytes and hash).  Runs inside ``put_fd``'s
+        ``translate()``: a failed touch is StoreFull."""
+        known = self.put_known(fd, hash_fd(fd)[0])
         if known is not None:
             log.debug("disk full, but blob %s is already stored", known[0].hex())
         return known
