@@ -133,9 +133,9 @@ class _Groups:
         self.first: dict[bytes, tuple[bytes, int | None]] = {}
 
 
-def _assess(dir_fd: int, name: bytes, action, groups: _Groups, store=None) -> str:
+def _assess(dir_fd: int, name: bytes, action, groups: _Groups, store) -> str:
     """How ``action`` would change the entry now: one of CHANGES (never "ignored").
-    ``store``: lets a large file that visibly differs from its target skip the hash."""
+    ``store`` lets a large file that visibly differs from its target skip the hash."""
     st = L.lstat_at(dir_fd, name)
     cur, img = L.kind_of(st), action.image
     if action.op == "delete":
@@ -157,16 +157,17 @@ def _assess(dir_fd: int, name: bytes, action, groups: _Groups, store=None) -> st
     return "unchanged" if L.meta_equal(img, st, L.xattrs_at(dir_fd, name)) else "meta"
 
 
-def _same_file(dir_fd, name, st, img, groups: _Groups, store=None) -> bool:
+def _same_file(dir_fd, name, st, img, groups: _Groups, store) -> bool:
     if img.link_group is not None and img.link_group in groups.first:
         return st.st_ino == groups.first[img.link_group][1]
     # A name outside the plan sharing this inode shared it at the point too (it was not
     # touched since), so an extra link is no reason to rewrite.
     if st.st_size != img.size:
         return False
-    if (store is not None and st.st_size > INLINE_MAX     # only blob files are sampled
-            and L.differs_from_blob(dir_fd, name, img.blob, store)):
-        return False    # a 1 GiB file changed at its start: no full read to learn that
+    # a 1 GiB file changed at its start: a sample says so without a full read (only
+    # blob files, the contents above the inline limit, are sampled)
+    if st.st_size > INLINE_MAX and L.differs_from_blob(dir_fd, name, img.blob, store):
+        return False
     return L.file_key(dir_fd, name) == img.blob
 
 
@@ -203,7 +204,7 @@ def plan_rewind(root_fd: int, store, ws: int, to, *, paths=None,
                       requested)
 
 
-def _classify(dirs: DirCache, action, rules, groups, store=None) -> str:
+def _classify(dirs: DirCache, action, rules, groups, store) -> str:
     if _is_ignored(rules, action):
         return "ignored"
     try:
