@@ -63,7 +63,7 @@ class _KernelCannotCopy(Exception):
 
 def _copy_by_kernel(src: int, dst: int) -> tuple[bytes, int]:
     h = xxhash.xxh3_128()
-    off = _kernel_copy(src, dst, 0, first=True)
+    off = _kernel_copy(src, dst, 0)
     if off == 0:
         return h.digest(), 0
     hashed = 0
@@ -78,14 +78,15 @@ def _copy_by_kernel(src: int, dst: int) -> tuple[bytes, int]:
             off = end
 
 
-def _kernel_copy(src: int, dst: int, off: int, *, first: bool = False) -> int:
-    """Copy up to ``STEP`` bytes at ``off``; return the new end (== off at EOF)."""
+def _kernel_copy(src: int, dst: int, off: int) -> int:
+    """Copy up to ``STEP`` bytes at ``off``; return the new end (== off at EOF).
+    ``_KernelCannotCopy`` if the kernel refuses the pair before any byte is copied."""
     end = off + STEP
     while off < end:
         try:
             got = os.copy_file_range(src, dst, end - off, off, off)
         except OSError as exc:
-            if first and off == 0 and exc.errno in _NO_KERNEL_COPY:
+            if off == 0 and exc.errno in _NO_KERNEL_COPY:
                 raise _KernelCannotCopy from exc
             raise
         if got == 0:
