@@ -334,9 +334,9 @@ def make_tarball(cache: Path, nfiles: int) -> tuple[Path, int]:
 
 # --- the suite ---------------------------------------------------------------------
 
-def _syncfs_mount(d: Path) -> None:
-    """syncfs(2) of the FUSE mount holding *d*: every page the kernel still buffers for
-    it (writeback cache) reaches the daemon and the real file."""
+def _syncfs_at(d: Path) -> None:
+    """syncfs(2) of the file system holding *d*.  On a FUSE mount: every page the
+    kernel still buffers for it (writeback cache) reaches the daemon and the real file."""
     from overlay._sys import syncfs
     fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
     try:
@@ -358,7 +358,7 @@ def run_suite(target_cm, ctx, fuse: bool) -> dict[str, float]:
             t0 = time.perf_counter()
             fn(d, ctx)
             if fuse:
-                _syncfs_mount(d)
+                _syncfs_at(d)
             times[name] = time.perf_counter() - t0
     return times
 
@@ -567,12 +567,7 @@ def _bare_landing(tree: Path, n: int) -> float:
         fd = os.open(p.with_name(p.name + ".tmp"), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         os.write(fd, b"content %d\n" % i)
         os.close(fd)
-    from overlay._sys import syncfs
-    root = os.open(tree, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        syncfs(root)
-    finally:
-        os.close(root)
+    _syncfs_at(tree)
     for p in paths:
         os.rename(p.with_name(p.name + ".tmp"), p)
     return time.perf_counter() - t0

@@ -135,7 +135,7 @@ def count_requests(work: Path, quick: bool) -> dict[str, dict[str, int]]:
                 os.sync()
                 before = _dump_counts(proc, dump)
                 fn(d, ctx)
-                bench._syncfs_mount(d)
+                bench._syncfs_at(d)
                 after = _dump_counts(proc, dump)
                 diff = {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
                 out[name] = dict(sorted(diff.items(), key=lambda kv: -kv[1]))
@@ -198,7 +198,7 @@ def main(argv=None) -> int:
                             d.mkdir()
                         record(target, fn(d, args.calls))
                         if target != "bare":
-                            bench._syncfs_mount(d)
+                            bench._syncfs_at(d)
                     print(f"  {phase} rep {rep + 1}/{args.reps}", flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
