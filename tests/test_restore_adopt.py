@@ -417,8 +417,10 @@ def test_sampled_difference_and_full_hash_agree(hist):
         with open(hist.p(rel), "wb") as f:
             f.write(old)
     e1 = hist.turn(1)
-    hist.write(b"start", b"X" + old[1:])
-    hist.write(b"middle", old[:SIZE // 2] + b"X" + old[SIZE // 2 + 1:])
+    mid = SIZE // 2
+    # flip the byte (not overwrite it with b"X": random data holds that byte 1 in 256)
+    hist.write(b"start", bytes([old[0] ^ 0xFF]) + old[1:])
+    hist.write(b"middle", old[:mid] + bytes([old[mid] ^ 0xFF]) + old[mid + 1:])
     hist.write(b"same", old)
     hist.end_turn()
     key = dict(hist.store.journal(hist.ws, e1))[b"start"].blob
