@@ -124,3 +124,67 @@ def test_store_gc_refuses_absurd_numbers(tmp_path):
             with pytest.raises(BadPolicy):
                 s.gc(**{name: value})
         assert_sound(s)
+
+
+# -- 3. a directory replaced by a symlink since the point -----------------------------------
+
+def _tree(top) -> dict:
+    """{relpath: (kind, content or target, mode, mtime_ns)} of everything under *top*,
+    read without following symlinks."""
+    out = {}
+    for dirpath, dirs, files in os.walk(top):
+        for name in dirs + files:
+            full = os.path.join(dirpath, name)
+            st = os.lstat(full)
+            rel = os.path.relpath(full, top)
+            if os.path.islink(full):
+                out[rel] = ("symlink", os.readlink(full), st.st_mode, st.st_mtime_ns)
+            elif os.path.isdir(full):
+                out[rel] = ("dir", None, st.st_mode, st.st_mtime_ns)
+            else:
+                with open(full, "rb") as f:
+                    out[rel] = ("file", f.read(), st.st_mode, st.st_mtime_ns)
+    return out
+
+
+@pytest.mark.mount
+@pytest.mark.parametrize("where", ["outside", "inside"])
+def test_dir_replaced_by_symlink_is_restored_in_one_rewind(tmp_path, where):
+    import shutil
+    ws, store = tmp_path / "ws", tmp_path / "store"
+    (ws / "pkg" / "sub").mkdir(parents=True)
+    (ws / "pkg" / "a").write_bytes(b"a at the point")
+    (ws / "pkg" / "sub" / "c").write_bytes(b"c at the point")
+    (ws / "keep").write_bytes(b"keep")
+    # the link target holds the same names with other contents (npm link / pnpm)
+    target = tmp_path / "linked" if where == "outside" else ws / "linked"
+    (target / "sub").mkdir(parents=True)
+    (target / "a").write_bytes(b"the linked package's a")
+    (target / "sub" / "c").write_bytes(b"the linked package's c")
+    (target / "only-there").write_bytes(b"x")
+    with mounted(ws, store) as m:
+        before = _tree(ws)
+        m.call("turn.begin", session="s", turn=1)
+        shutil.rmtree(ws / "pkg")
+        os.symlink(target, ws / "pkg")
+        m.call("turn.end", session="s")
+        linked = _tree(target)
+        after = _tree(ws)
+        res = cli("rewind", "1", "--session", "s", "--json", "-C", ws, store=store)
+        assert res.returncode == 0, res.stdout + res.stderr
+        assert not (ws / "pkg").is_symlink()
+        got = _tree(ws)
+        for rel in ("pkg/a", "pkg/sub/c", "keep"):
+            assert got[rel][:3] == before[rel][:3], rel
+        assert set(k for k in got if k.startswith("pkg")) == \
+            set(k for k in before if k.startswith("pkg"))
+        assert _tree(target) == linked          # the link's target is untouched
+        res = cli("redo", "--session", "s", "--json", "-C", ws, store=store)
+        assert res.returncode == 0, res.stdout + res.stderr
+        assert os.readlink(ws / "pkg") == os.fspath(target)
+        assert _tree(target) == linked
+        redone = _tree(ws)
+        assert {k: v[:3] for k, v in redone.items()} == \
+            {k: v[:3] for k, v in after.items()}
+    with Store.open(store) as s:
+        assert_sound(s)
