@@ -188,3 +188,145 @@ def test_dir_replaced_by_symlink_is_restored_in_one_rewind(tmp_path, where):
             {k: v[:3] for k, v in after.items()}
     with Store.open(store) as s:
         assert_sound(s)
+
+
+# -- 4. sparse blobs and restores ------------------------------------------------------------
+
+GIB, MIB = 1 << 30, 1 << 20
+
+
+def _make_sparse(path, seed: int = 0) -> bytes:
+    """A 1 GiB file holding 1 MiB of data in two extents (and a trailing hole);
+    returns its xxh3-128, the blob key its pre-image must get."""
+    import random
+    import xxhash
+    rnd = random.Random(seed)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.ftruncate(fd, GIB)
+        os.pwrite(fd, rnd.randbytes(MIB // 2), 100 * MIB)
+        os.pwrite(fd, rnd.randbytes(MIB // 2), 900 * MIB + 4096)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return _xxh(path)
+
+
+def _xxh(path) -> bytes:
+    import xxhash
+    from store._copy import hash_fd
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        key, size = hash_fd(fd)
+    finally:
+        os.close(fd)
+    assert size == GIB
+    return key
+
+
+def _disk(path) -> int:
+    return os.lstat(path).st_blocks * 512
+
+
+def _blob_files(store) -> list:
+    return [p for p in (store / "blobs").glob("*/*") if p.is_file()]
+
+
+@pytest.mark.parametrize("kernel_copy", [True, False])
+def test_sparse_blob_and_restore_at_the_store(tmp_path, monkeypatch, kernel_copy):
+    import errno
+    if not kernel_copy:    # the store on another file system: the buffered copy
+        def exdev(*_a):
+            raise OSError(errno.EXDEV, "cross-device")
+        monkeypatch.setattr(os, "copy_file_range", exdev)
+    key = _make_sparse(tmp_path / "big")
+    assert _disk(tmp_path / "big") <= 2 * MIB
+    with Store.open(tmp_path / "store") as s:
+        fd = os.open(tmp_path / "big", os.O_RDONLY)
+        try:
+            assert s.put_fd(fd) == (key, GIB)
+            assert os.lseek(fd, 0, os.SEEK_CUR) == 0
+        finally:
+            os.close(fd)
+        (blob,) = _blob_files(tmp_path / "store")
+        assert _disk(blob) <= 2 * MIB, _disk(blob)
+        out = os.open(tmp_path / "out", os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            assert s.copy_blob_to_fd(key, out) == GIB
+            os.fsync(out)
+        finally:
+            os.close(out)
+        assert _disk(tmp_path / "out") <= 2 * MIB, _disk(tmp_path / "out")
+        assert _xxh(tmp_path / "out") == key
+        assert_sound(s)
+
+
+@pytest.mark.mount
+def test_sparse_file_is_captured_and_restored_sparse_through_the_mount(tmp_path):
+    ws, store = tmp_path / "ws", tmp_path / "store"
+    ws.mkdir()
+    with mounted(ws, store) as m:
+        key = _make_sparse(ws / "disk.img")            # written through the mount
+        m.call("turn.begin", session="s", turn=1)
+        with open(ws / "disk.img", "r+b") as f:         # the agent rewrites it
+            f.truncate(0)
+            f.write(b"small now")
+        m.call("turn.end", session="s")
+        blobs = [b for b in _blob_files(store) if b.stat().st_size == GIB]
+        assert len(blobs) == 1
+        assert _disk(blobs[0]) <= 2 * MIB, _disk(blobs[0])
+        res = cli("rewind", "1", "--session", "s", "--json", "-C", ws, store=store)
+        assert res.returncode == 0, res.stdout + res.stderr
+        assert _xxh(ws / "disk.img") == key
+    # the real file under the (now gone) mount
+    assert _disk(ws / "disk.img") <= 2 * MIB, _disk(ws / "disk.img")
+    assert os.path.getsize(ws / "disk.img") == GIB
+    with Store.open(store) as s:
+        assert_sound(s)
+
+
+@pytest.mark.parametrize("kernel_copy", [True, False])
+def test_sparse_copies_keep_the_logical_content_randomized(tmp_path, monkeypatch,
+                                                            kernel_copy):
+    """Random layouts of data, holes and written zeros, with small copy slices: the key
+    of ``copy_hashed``/``hash_fd`` is the hash of the whole logical content, the copy
+    reads back equal, and it holds no more data blocks than the source (+ one slice)."""
+    import errno
+    import random
+    import xxhash
+    from relkit import trials
+    from store import _copy
+    if not kernel_copy:
+        def exdev(*_a):
+            raise OSError(errno.EXDEV, "cross-device")
+        monkeypatch.setattr(os, "copy_file_range", exdev)
+    seeds, failures = trials(40), []
+    for seed in seeds:
+        rnd = random.Random(seed)
+        monkeypatch.setattr(_copy, "STEP", rnd.choice([64 << 10, 1 << 20]))
+        monkeypatch.setattr(_copy, "CHUNK", rnd.choice([16 << 10, 64 << 10]))
+        src_path, dst_path = tmp_path / f"src{seed}", tmp_path / f"dst{seed}"
+        size = rnd.choice([0, 1, 4096, rnd.randrange(1, 8 << 20)])
+        with open(src_path, "wb") as f:
+            f.truncate(size)
+            for _ in range(rnd.randrange(0, 6) if size else 0):
+                f.seek(rnd.randrange(size))
+                n = rnd.randrange(1, 300_000)
+                f.write(rnd.randbytes(n) if rnd.random() < 0.8 else bytes(n))
+        data = src_path.read_bytes()
+        want = (xxhash.xxh3_128(data).digest(), len(data))
+        src = os.open(src_path, os.O_RDONLY)
+        dst = os.open(dst_path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            got = (_copy.hash_fd(src), _copy.copy_hashed(src, dst))
+            offsets = (os.lseek(src, 0, os.SEEK_CUR), os.lseek(dst, 0, os.SEEK_CUR))
+        finally:
+            os.close(src)
+            os.close(dst)
+        if got != (want, want) or dst_path.read_bytes() != data or offsets != (0, 0) \
+                or _disk(dst_path) > _disk(src_path) + (1 << 20):
+            failures.append(seed)
+        src_path.unlink()
+        dst_path.unlink()
+    print(f"{len(seeds)} trials, {len(failures)} failures")
+    assert failures == []
