@@ -56,6 +56,37 @@ def test_turn_begin_refuses_another_sessions_open_turn(tmp_path):
     assert points == {("A", 1), ("A", 2), ("A", 3), ("B", 1)}
 
 
+@pytest.mark.mount
+def test_python_agent_turn_is_refused_while_another_session_holds_one(tmp_path):
+    from plugin._errors import RewindfsClientError
+    from plugin.agent import Rewindfs
+    ws, store = tmp_path / "ws", tmp_path / "store"
+    with mounted(ws, store) as m:
+        rw = Rewindfs.for_directory(ws, store=store, strict=True)
+        try:
+            with rw.turn("A", 1):
+                (ws / "f").write_bytes(b"A's")
+                with pytest.raises(RewindfsClientError) as exc:
+                    with rw.turn("B", 1):
+                        pass
+                assert exc.value.code == "turn-open"
+                assert "Turn 1 of session A" in exc.value.message
+                assert m.call("status")["open_turn"]["session"] == "A"
+            with rw.turn("A", 2):       # A's own stale turn: re-begin still works
+                with rw.turn("A", 3):
+                    pass
+            with rw.turn("B", 1):       # nothing open: B may begin
+                pass
+            with rw.turn("A", 4):
+                with rw.turn("B", 2, force=True):
+                    assert m.call("status")["open_turn"]["session"] == "B"
+                    with pytest.raises(RewindfsClientError) as exc:
+                        rw.client.turn_end("A")     # the force closed A's turn
+                    assert exc.value.code == "bad-session"
+        finally:
+            rw.close()
+
+
 def _points(store, ws):
     res = cli("log", "--json", "-C", ws, store=store)
     assert res.returncode == 0, res.stderr
