@@ -4,7 +4,7 @@ Contract:
 
 - ``copy_hashed(src, dst)`` copies ``src`` from offset 0 to its end into ``dst`` at
   offset 0 and returns (xxh3-128, size) of the bytes now in ``dst``.  File offsets are
-  neither used nor moved.  Whatever ``src`` does meanwhile (it may be a workspace file
+  not used, and are where they were on return.  Whatever ``src`` does meanwhile (it may be a workspace file
   another process writes), the key is the hash of what was written, because it is
   computed from ``dst`` read back, or in the fallback from the very buffer written.
 - The kernel copies (``copy_file_range``: page cache to page cache, no bytes through
