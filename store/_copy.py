@@ -4,9 +4,10 @@ Contract:
 
 - ``copy_hashed(src, dst)`` copies ``src`` from offset 0 to its end into ``dst`` at
   offset 0 and returns (xxh3-128, size) of the bytes now in ``dst``.  File offsets are
-  not used, and are where they were on return.  Whatever ``src`` does meanwhile (it may be a workspace file
-  another process writes), the key is the hash of what was written, because it is
-  computed from ``dst`` read back, or in the fallback from the very buffer written.
+  not used, and are where they were on return.  Whatever ``src`` does meanwhile (it
+  may be a workspace file another process writes), the key is the hash of what was
+  written, because it is computed from ``dst`` read back (its holes as the zeros they
+  read as), or in the fallback from the very buffer written.
 - The kernel copies (``copy_file_range``: page cache to page cache, no bytes through
   Python) in ``STEP`` slices; the writeback of each slice is started at once
   (``sync_file_range``), so the disk works during the copy instead of in the caller's

@@ -230,7 +230,6 @@ def _make_sparse(path, seed: int = 0) -> bytes:
     """A 1 GiB file holding 1 MiB of data in two extents (and a trailing hole);
     returns its xxh3-128, the blob key its pre-image must get."""
     import random
-    import xxhash
     rnd = random.Random(seed)
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
@@ -244,7 +243,6 @@ def _make_sparse(path, seed: int = 0) -> bytes:
 
 
 def _xxh(path) -> bytes:
-    import xxhash
     from store._copy import hash_fd
     fd = os.open(path, os.O_RDONLY)
     try:
