@@ -198,8 +198,10 @@ def cmd_run(args, out) -> int:
 
 
 def cmd_turn_begin(args, out) -> int:
-    res = call_daemon(args, "turn.begin", {"session": args.session, "turn": args.turn,
-                                           "label": args.label})
+    params = {"session": args.session, "turn": args.turn, "label": args.label}
+    if args.force:
+        params["force"] = True
+    res = call_daemon(args, "turn.begin", params)
     out.emit("turn.begun", session=args.session, turn=args.turn, epoch=res["epoch"])
     out.say(f"turn {args.turn} of {args.session} began (epoch {res['epoch']})")
     return 0
@@ -342,6 +344,8 @@ def register(sub) -> None:
     p.add_argument("--session", required=True)
     p.add_argument("--turn", type=int, required=True)
     p.add_argument("--label", default="")
+    p.add_argument("--force", action="store_true",
+                   help="close another session's open turn (refused otherwise)")
     p.add_argument("-C", dest="workspace", metavar="DIR")
     _common(p)
     p.set_defaults(command="turn.begin")

@@ -14,6 +14,7 @@ from rich.markup import escape as _markup_escape
 from rich.table import Table
 
 from store._errors import EXIT_USAGE, RewindfsError
+from store._gc import MAX_COUNT, MAX_SECONDS
 
 __all__ = ["Absent", "RewindView", "parse_duration", "parse_size", "render_diff",
            "render_gc", "render_log"]
@@ -70,14 +71,20 @@ def parse_duration(text: str) -> float:
     if not m:
         raise BadAmount(value=text, what="a duration (e.g. 90s, 12h, 30d)")
     scale = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}[m.group(2)]
-    return float(m.group(1)) * scale
+    seconds = float(m.group(1)) * scale
+    if not seconds <= MAX_SECONDS:   # also inf: 400 digits overflow the float
+        raise BadAmount(value=text, what=f"a duration of at most {MAX_SECONDS} s")
+    return seconds
 
 
 def parse_size(text: str) -> int:
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*", text.lower())
     if not m:
         raise BadAmount(value=text, what="a size (e.g. 500M, 2G)")
-    return int(float(m.group(1)) * 1024 ** " kmgt".index(m.group(2) or " "))
+    size = float(m.group(1)) * 1024 ** " kmgt".index(m.group(2) or " ")
+    if not size <= MAX_COUNT:        # also inf, which int() cannot take
+        raise BadAmount(value=text, what=f"a size of at most {MAX_COUNT} bytes")
+    return int(size)
 
 
 # -- log --------------------------------------------------------------------------------

@@ -164,13 +164,17 @@ async def turn_begin(ctx, params: dict, emit) -> dict:
         raise BadParams(method="turn.begin", reason="'label' must be a string")
     check_text(label, "label", "turn.begin")
     label = label.split("\n", 1)[0]
+    force = params.get("force", False)
+    if not isinstance(force, bool):
+        raise BadParams(method="turn.begin", reason="'force' must be true or false")
     # A running rewind owns the current epoch: a turn mark waits for it to finish
     # instead of closing the rewind epoch under it.
     async with _mutation_lock(ctx):
         await ctx.flush_writes()
         # No await between the epoch switch and telling the filesystem: no FUSE request
         # can run in between, so every change lands in exactly one of the two epochs.
-        epoch = ctx.store.begin_turn(ctx.ws, session, turn, label)
+        # another session's open turn: TurnOpen (nothing changed) unless forced
+        epoch = ctx.store.begin_turn(ctx.ws, session, turn, label, force=force)
         ctx.fs.set_epoch(epoch.id)
     return {"epoch": epoch.id}
 

@@ -19,7 +19,10 @@ Contracts (DESIGN invariants 3–6, 11):
 - Paths are resolved under ``root_fd`` only (``_resolve.DirCache``: each directory
   opened once per run by an ``O_NOFOLLOW`` walk, forgotten when the run removes it): a
   symlinked component fails that path with ``path-escape``; nothing is written outside
-  the workspace (invariant 4).
+  the workspace (invariant 4).  Except: a symlink standing where the plan puts a
+  directory (a directory replaced by a symlink since the point) is itself replaced —
+  unlinked, never followed — and the paths below it land in the same run
+  (``_capture_parent``); the symlink's target is never touched.
 - Deletions: only ``delete`` actions (recorded ``absent`` targets) remove anything, and
   a directory only when empty; ignored paths (``.rewindignore``) are never touched.
 - A path that cannot be restored is named in ``RestoreResult.failed``; the others still
@@ -42,12 +45,14 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import logging
 import os
 import resource
 from dataclasses import dataclass, field
 
 from store import INLINE_MAX, NothingToRedo, Plan, RewindfsError, TurnOpen
+from store._errors import PathEscape
 from store._preimage import check_relpath
 
 from . import _restore_land as L
@@ -360,13 +365,49 @@ def _precapture(run: _Run, paths: list[bytes]) -> None:
     _capture_all(run, sorted(twins - run.captured))
 
 
+def _capture_parent(run: _Run, relpath: bytes) -> tuple[int, bytes]:
+    """``run.dirs.parent`` for the precapture, except below a symlink that stands where
+    the plan puts a directory (``npm link``, pnpm: a directory replaced by a symlink
+    since the point).  Such a path has no entry in the workspace — its name resolves
+    into the symlink's target, which is not ours — so it is recorded ``absent``
+    (``ENOTDIR``, as for a file in the way) instead of failing with ``path-escape``:
+    the landing then replaces the symlink itself by the directory (``land_dir``
+    unlinks it, never following it) and lands the paths below in the same run; redo
+    deletes them again and puts the symlink back.  The landing still resolves every
+    path with ``O_NOFOLLOW``, so if the symlink is not replaced, nothing is written."""
+    try:
+        return run.dirs.parent(relpath)
+    except PathEscape:
+        if _below_replaced_symlink(run, relpath):
+            raise NotADirectoryError(errno.ENOTDIR, "below a symlink the rewind replaces "
+                                     "by a directory", relpath) from None
+        raise
+
+
+def _below_replaced_symlink(run: _Run, relpath: bytes) -> bool:
+    """The first symlink among ``relpath``'s ancestors is a directory in the plan."""
+    parts = relpath.split(b"/")[:-1]
+    for i in range(1, len(parts) + 1):
+        ancestor = b"/".join(parts[:i])
+        try:
+            dir_fd, name = run.dirs.parent(ancestor)
+        except (OSError, RewindfsError):
+            return False
+        st = L.lstat_at(dir_fd, name)
+        if st is not None and L.kind_of(st) == "symlink":
+            target = run.targets.get(ancestor)
+            return target is not None and target.kind == "dir"
+    return False
+
+
 def _capture_all(run: _Run, todo: list[bytes]) -> None:
     if not todo:
         return
     put_file = None if run.adopter is None else run.adopter.put
+    parent_at = functools.partial(_capture_parent, run)
     try:
         run.seen.update(capture_images(run.root_fd, run.store, run.ws, run.epoch, todo,
-                                       parent_at=run.dirs.parent, put_file=put_file))
+                                       parent_at=parent_at, put_file=put_file))
         run.captured.update(todo)
         return
     except (OSError, RewindfsError):
@@ -374,7 +415,7 @@ def _capture_all(run: _Run, todo: list[bytes]) -> None:
     for path in todo:
         try:
             run.seen.update(capture_images(run.root_fd, run.store, run.ws, run.epoch,
-                                           [path], parent_at=run.dirs.parent,
+                                           [path], parent_at=parent_at,
                                            put_file=put_file))
             run.captured.add(path)
         except (OSError, RewindfsError) as exc:

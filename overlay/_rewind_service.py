@@ -23,6 +23,7 @@ import os
 import trio
 
 from store._errors import BadPath, PathEscape
+from store._gc import policy_problem
 from store._preimage import check_relpath
 
 from . import _diff, _restore
@@ -89,14 +90,6 @@ def _opt_str(params: dict, name: str, method: str) -> str | None:
     if value is not None and (not isinstance(value, str) or not value):
         raise BadParams(method=method, reason=f"{name!r} must be a non-empty string")
     return value if value is None else check_text(value, name, method)
-
-
-def _opt_num(params: dict, name: str, method: str):
-    value = params.get(name)
-    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
-                              or value < 0):
-        raise BadParams(method=method, reason=f"{name!r} must be a number ≥ 0")
-    return value
 
 
 # -- wire forms -----------------------------------------------------------------------
@@ -206,12 +199,13 @@ def show_sync(ctx, params: dict, send) -> dict:
 def gc_sync(ctx, params: dict, send) -> dict:
     policy = {}
     for name in ("grace_s", "max_age_s", "max_bytes", "keep_epochs"):
-        value = _opt_num(params, name, "gc")
-        if value is not None and name in ("keep_epochs", "max_bytes") \
-                and not isinstance(value, int):
-            raise BadParams(method="gc", reason=f"{name!r} must be an integer ≥ 0")
-        if value is not None:
-            policy[name] = value
+        value = params.get(name)
+        if value is None:
+            continue
+        # negative, NaN, infinite, absurdly large: refused here, before the store
+        if (reason := policy_problem(name, value)) is not None:
+            raise BadParams(method="gc", reason=f"{name!r} {reason}")
+        policy[name] = value
     policy["drop_redo"] = _flag(params, "drop_redo", "gc")
     return ctx.store.gc(**policy).to_dict()
 

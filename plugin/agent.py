@@ -81,25 +81,27 @@ class Rewindfs:
         self.close()
 
     @contextlib.contextmanager
-    def turn(self, session: str, n: int, label: str = ""):
+    def turn(self, session: str, n: int, label: str = "", *, force: bool = False):
         """Mark turn *n* of *session* for the duration of the block.
 
         ``turn.begin`` is sent before the block runs (so the block's first write is
         already captured in this turn) and ``turn.end`` after it, also when it raises.
+        A turn of the same session left open (a lost ``turn.end``) is closed; another
+        session's open turn raises ``turn-open`` naming it, unless *force*.
         """
         label = (label or "").splitlines()[0] if label else ""
-        mark = TurnMark(session, n, self._begin(session, n, label))
+        mark = TurnMark(session, n, self._begin(session, n, label, force))
         try:
             yield mark
         finally:
             if mark.protected:
                 self.client.turn_end(session)
 
-    def _begin(self, session, n, label) -> int | None:
+    def _begin(self, session, n, label, force=False) -> int | None:
         if self.client is None:
             return self._unprotected(NotMounted("this directory"))
         try:
-            return self.client.turn_begin(session, n, label)
+            return self.client.turn_begin(session, n, label, force=force)
         except DaemonUnreachable as exc:
             return self._unprotected(exc)
 

@@ -64,10 +64,14 @@ class _Calls:
     def _run(self, method: str, params: dict | None, parse, on_event=None):
         raise NotImplementedError
 
-    def turn_begin(self, session: str, turn: int, label: str = "") -> int:
-        """Mark the start of *turn* of *session*; returns the new epoch id."""
-        return self._run("turn.begin", {"session": session, "turn": turn, "label": label},
-                         _epoch)
+    def turn_begin(self, session: str, turn: int, label: str = "", *,
+                   force: bool = False) -> int:
+        """Mark the start of *turn* of *session*; returns the new epoch id.  Another
+        session's open turn is refused (``turn-open``, naming it) unless *force*."""
+        params = {"session": session, "turn": turn, "label": label}
+        if force:
+            params["force"] = True
+        return self._run("turn.begin", params, _epoch)
 
     def turn_end(self, session: str | None = None) -> int:
         """End the open turn (of *session*, if given); returns the idle epoch that

@@ -28,8 +28,44 @@ from dataclasses import dataclass
 
 from . import _epoch, _journal, _txn
 from . import _schema as S
+from ._errors import EXIT_USAGE, RewindfsError
 
 log = logging.getLogger(__name__)
+
+
+# Policy bounds.  A grace or age beyond ~317 years is a typo, and the nanosecond
+# arithmetic below must stay finite; counts fit the u64 epoch ids and byte sizes.
+MAX_SECONDS = 10 ** 10
+MAX_COUNT = (1 << 63) - 1
+_SECONDS = ("grace_s", "max_age_s")
+_COUNTS = ("keep_epochs", "max_bytes")
+
+
+class BadPolicy(RewindfsError):
+    """Bad gc policy {name}: {reason}."""
+
+    code = "bad-policy"
+    exit_code = EXIT_USAGE
+
+
+def policy_problem(name: str, value) -> str | None:
+    """Why *value* is not a usable ``name`` (``grace_s``, ``max_age_s``: finite seconds
+    in ``[0, MAX_SECONDS]``; ``keep_epochs``, ``max_bytes``: integers in
+    ``[0, MAX_COUNT]``), or None.  Checked before anything is read or dropped."""
+    if name in _SECONDS:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                or not 0 <= value <= MAX_SECONDS:    # NaN fails every comparison
+            return f"must be a number of seconds from 0 to {MAX_SECONDS}"
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_COUNT:
+        return f"must be an integer from 0 to {MAX_COUNT}"
+    return None
+
+
+def check_policy(**policy) -> None:
+    for name, value in policy.items():
+        if value is not None and (reason := policy_problem(name, value)) is not None:
+            raise BadPolicy(name=name, reason=reason)
 
 
 @dataclass
@@ -46,6 +82,8 @@ class GcReport:
 
 def collect(store, *, grace_s, keep_epochs, max_age_s, max_bytes,
             drop_redo: bool = False) -> GcReport:
+    check_policy(grace_s=grace_s, keep_epochs=keep_epochs, max_age_s=max_age_s,
+                 max_bytes=max_bytes)
     report = GcReport()
     if keep_epochs is not None or max_age_s is not None or max_bytes is not None:
         _retain(store, report, keep_epochs, max_age_s, max_bytes, drop_redo)

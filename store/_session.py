@@ -18,7 +18,7 @@ import time
 
 from . import _epoch
 from . import _schema as S
-from ._errors import EXIT_USAGE, BadPoint, RewindfsError, StoreError, UnknownPoint
+from ._errors import EXIT_USAGE, BadPoint, RewindfsError, StoreError, TurnOpen, UnknownPoint
 
 MAX_SESSION = 256
 _RELATIVE_WORDS = {"prev", "previous", "last", "head", "next", "latest", "current"}
@@ -61,11 +61,19 @@ def ensure(txn, db, session: str) -> None:
         txn.put(key, S.pack([None, None, time.time_ns()]), db=db["sessions"])
 
 
-def begin_turn(txn, db, ws: int, session: str, turn: int, label: str) -> _epoch.Epoch:
+def begin_turn(txn, db, ws: int, session: str, turn: int, label: str,
+               force: bool = False) -> _epoch.Epoch:
+    """Open a turn epoch.  The turn already open is returned as is; a stale open turn of
+    the same session is closed (a harness that lost its ``turn.end``).  Another
+    session's open turn is never closed silently: its later writes would land in this
+    turn and its ``turn.end`` would fail, so it raises ``TurnOpen`` naming the holder
+    unless ``force``."""
     cur = _epoch.last(txn, db, ws)
-    if cur is not None and cur.kind == "turn" and cur.is_open \
-            and (cur.session, cur.turn) == (session, turn):
-        return cur
+    if cur is not None and cur.kind == "turn" and cur.is_open:
+        if (cur.session, cur.turn) == (session, turn):
+            return cur
+        if cur.session != session and not force:
+            raise TurnOpen(turn=cur.turn, session=cur.session)
     ensure(txn, db, session)
     e = _epoch.open_new(txn, db, ws, "turn", session=session, turn=turn, label=label)
     txn.put(S.turn_key(ws, session, turn), S.u64(e.id), db=db["turns"])

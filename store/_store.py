@@ -154,14 +154,18 @@ class Store:
         with self._w() as txn:
             return _epoch.current(txn, self._db, ws)
 
-    def begin_turn(self, ws, session: str, turn: int, label: str) -> _epoch.Epoch:
+    def begin_turn(self, ws, session: str, turn: int, label: str,
+                   force: bool = False) -> _epoch.Epoch:
         """Open a ``turn`` epoch; idempotent for the turn already open, otherwise the
-        open epoch (turn, idle or rewind) is closed first."""
+        open epoch (idle, rewind, or a turn of the same session) is closed first.
+        Another session's open turn raises ``TurnOpen`` (nothing changes) unless
+        ``force``."""
         _session.check_session(session)
         if not isinstance(turn, int) or isinstance(turn, bool) or not 0 <= turn < 1 << 32:
             raise _session.BadSession(session=session, reason=f"bad turn number {turn!r}")
         with self._w() as txn:
-            e = _session.begin_turn(txn, self._db, ws, session, turn, str(label))
+            e = _session.begin_turn(txn, self._db, ws, session, turn, str(label),
+                                    force=bool(force))
         self.flush()
         return e
 

@@ -291,7 +291,8 @@ def test_epoch_changed_behind_the_daemon_is_followed(t):
     t.begin()
     with t.m.open_store() as s:  # not through the socket: the daemon learns on capture
         ws = s.workspace(os.fsencode(os.path.realpath(t.m.ws)))
-        other = s.begin_turn(ws, "elsewhere", 1, "out of band").id
+        # force: another process takes the workspace from the open turn on purpose
+        other = s.begin_turn(ws, "elsewhere", 1, "out of band", force=True).id
     with open(t.p("new"), "w") as f:
         f.write("n")
     with open(t.p("f"), "a") as f:

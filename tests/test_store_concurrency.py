@@ -18,7 +18,8 @@ def _writer(store_path: str, ws_path: bytes, session: str, shared: bytes, q) -> 
         ws = s.workspace(ws_path)
         got = []
         for turn in range(1, TURNS + 1):
-            e = s.begin_turn(ws, session, turn, f"{session} {turn}")
+            # force: the two sessions take the workspace from each other on purpose
+            e = s.begin_turn(ws, session, turn, f"{session} {turn}", force=True)
             key, n = s.put_bytes(shared + session.encode() + bytes([turn]))
             k2, n2 = s.put_bytes(shared)       # the same content from both processes
             try:
@@ -96,7 +97,7 @@ def test_threads_share_one_store(tmp_path):
                     except StoreError as exc:
                         assert exc.code == "epoch-closed"
                     if i % 10 == 0:
-                        s.begin_turn(ws, "s%d" % n, i + 1, "")
+                        s.begin_turn(ws, "s%d" % n, i + 1, "", force=True)
                     s.read_blob(key)
             except BaseException as exc:   # surfaced in the main thread
                 errors.append(exc)

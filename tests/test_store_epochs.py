@@ -85,6 +85,7 @@ def test_resolve_point(store, ws):
     assert store.resolve_point(ws, "turn:1") == t1.id
     assert store.resolve_point(ws, 2, session="s1") == t2.id
     assert store.resolve_point(ws, "1", session="s1") == t1.id
+    store.end_turn(ws)
     store.begin_turn(ws, "s2", 1, "")
     with pytest.raises(AmbiguousPoint):
         store.resolve_point(ws, "t1")
@@ -100,6 +101,7 @@ def test_fork_inherits_points_up_to_the_boundary(store, ws):
     with pytest.raises(SessionConflict):
         store.fork_session("parent", "child", 1)            # no cycles
     assert store.session_points(ws, "child") == [(1, t[0]), (2, t[1])]
+    store.end_turn(ws)
     c3 = store.begin_turn(ws, "child", 3, "").id
     assert store.session_points(ws, "child") == [(1, t[0]), (2, t[1]), (3, c3)]
     store.fork_session("grandchild", "child", 3)

@@ -24,7 +24,8 @@ async function scripted(handle, body) {
       const req = JSON.parse(buf.slice(0, nl));
       calls.push(`${req.method}${req.params.turn ? ` ${req.params.turn}` : ''}`);
       const result = await handle(req);
-      if (!conn.destroyed) conn.write(`${JSON.stringify({ v: 1, id: req.id, ok: true, result })}\n`);
+      const reply = result?.error ? { ok: false, error: result.error } : { ok: true, result };
+      if (!conn.destroyed) conn.write(`${JSON.stringify({ v: 1, id: req.id, ...reply })}\n`);
     });
     conn.on('error', () => {});
   });
@@ -102,4 +103,17 @@ test('refusals before any socket call', async () => {
   assert.equal((await svc.rewind(agent('s4'), 1, { into: '../x' })).refusal.code, 'bad-session');
   const missing = await svc.rewind(agent('s4'), 3);
   assert.deepEqual(missing, { ok: false, refusal: { code: 'unknown-point', message: 'session s4 has no turn 3 (turns: none yet)' } });
+});
+
+test('another session holds the turn: the refusal is the notice, no end is sent', async () => {
+  const refusal = { code: 'turn-open', message: 'Turn 4 of session other is still open; end it first or pass --force.' };
+  await scripted(async (req) => (req.method === 'turn.begin' ? { error: refusal } : {}), async (path, calls) => {
+    const { svc, notices } = service(path);
+    await svc.beginTurn(agent('s5'), 1, 'x');
+    svc.endTurn('s5', 1);
+    await svc.drainSession('s5');
+    assert.deepEqual(calls, ['turn.begin 1']); // never ends the other session's turn
+    assert.equal(notices.length, 1);
+    assert.match(notices[0], /turn 1 of session s5 is NOT protected .*Turn 4 of session other is still open/);
+  });
 });
