@@ -8,8 +8,9 @@ Contract:
   when that saves at least an eighth, see ``_encode_inline``); larger ones are files
   ``blobs/ab/cdef…`` written to a unique temp name, fsynced, renamed and the shard
   directory fsynced (a new shard directory's name too) — all *before* the index entry
-  is committed, so an entry never names a file that is not durable.  (A crash in between leaves an orphan file; gc
-  removes it after the grace period, fsck reports it.)
+  is committed, so an entry never names a file that is not durable.  (A crash in
+  between leaves an orphan file; gc removes it after the grace period, fsck reports
+  it.)
 - A key that already exists is trusted only after its size and bytes match the new
   content (collision-safe dedup).  If the existing blob no longer matches its own key
   (corrupt) the new content repairs it; if it matches its key but differs from the new

@@ -185,8 +185,9 @@ def _trial(seed: int, m, image, copy_dir, tree: dict) -> list[str]:
         with loop_ext4(copy, copy_dir / f"copy{seed}", make=False) as mnt:
             problems = _check_copy(mnt, epoch, durable, start, now)
     finally:
-        copy.unlink()
-        (copy_dir / f"copy{seed}").rmdir()
+        copy.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            (copy_dir / f"copy{seed}").rmdir()
     return [f"seed {seed}: {p}" for p in problems]
 
 
