@@ -13,6 +13,14 @@ completion on the trio thread and requests never interleave (docs/concurrency.md
 If the guard fails, the handler raises ``FUSEError(ENOSPC|EIO)`` and nothing changes
 (fail closed, invariant 2).  Paths matched by ``.rewindignore`` pass through uncaptured.
 
+Durable before durable (invariant 12): the store commits pre-images without forcing
+them to disk, so every request that makes a change durable — ``fsync``/``fdatasync``
+(also the one the kernel sends for an ``O_SYNC`` write or ``msync``), ``fsyncdir``,
+and a ``WRITE`` through a handle opened ``O_SYNC``/``O_DSYNC`` (whose ``pwrite`` is
+itself durable) — first calls ``store.sync()``; it writes only when a pre-image was
+committed since the last sync.  If that fails the request fails with ``EIO`` and the
+real file is not synced.
+
 "Already captured" is an in-memory set per epoch (reset by ``set_epoch``) plus a
 per-inode token so a write to an already captured file costs one identity check.
 
@@ -52,6 +60,7 @@ __all__ = ["CACHE_TIMEOUT", "RewindOperations"]
 CACHE_TIMEOUT = 3600.0
 _OPEN_DROP = os.O_CREAT | os.O_EXCL | os.O_NOCTTY | getattr(os, "O_DIRECT", 0)
 _OPEN_ADD = os.O_NOFOLLOW | os.O_CLOEXEC
+_OPEN_SYNC = os.O_SYNC | os.O_DSYNC      # O_SYNC contains O_DSYNC's bit
 
 
 def _handler(fn):
@@ -122,6 +131,7 @@ class RewindOperations(pyfuse3.Operations):
         self.captured: set[bytes] = set()
         self._token = object()
         self.handles: dict[int, object] = {}
+        self.sync_handles: set[int] = set()     # real fds opened O_SYNC / O_DSYNC
         self.dirs: dict[int, tuple[int, int, list[bytes]]] = {}  # fh → (fd, inode, names)
         self._next_dir = 1
         self._as_root = os.geteuid() == 0
@@ -487,9 +497,11 @@ class RewindOperations(pyfuse3.Operations):
             real &= ~os.O_APPEND
         return real
 
-    def _opened(self, fd: int, node) -> pyfuse3.FileInfo:
+    def _opened(self, fd: int, node, flags: int) -> pyfuse3.FileInfo:
         self.handles[fd] = node
         node.handles.add(fd)
+        if flags & _OPEN_SYNC:
+            self.sync_handles.add(fd)
         return pyfuse3.FileInfo(fh=fd, keep_cache=True)
 
     @_handler
@@ -506,7 +518,7 @@ class RewindOperations(pyfuse3.Operations):
             self._guard_node(node)
         with self._parent(path) as (fd, name):
             rfd = os.open(name, self._real_flags(flags), dir_fd=fd)
-        return self._opened(rfd, node)
+        return self._opened(rfd, node, flags)
 
     @_handler
     def create(self, parent_inode, name, mode, flags, ctx):
@@ -524,7 +536,7 @@ class RewindOperations(pyfuse3.Operations):
                 os.close(rfd)
                 raise
         attr = self._enter(path, st)
-        return self._opened(rfd, self.table[attr.st_ino]), attr
+        return self._opened(rfd, self.table[attr.st_ino], flags), attr
 
     @_handler
     def read(self, fh, off, size):
@@ -536,6 +548,8 @@ class RewindOperations(pyfuse3.Operations):
         if node.seen is not self._token:
             self._guard_node(node)
         node.wrote = True
+        if fh in self.sync_handles:
+            self.store.sync()        # this pwrite is durable when it returns
         view = memoryview(buf)
         done = 0
         while done < len(view):
@@ -550,12 +564,14 @@ class RewindOperations(pyfuse3.Operations):
 
     @_handler
     def fsync(self, fh, datasync):
+        self.store.sync()            # the pre-images first (invariant 12)
         (os.fdatasync if datasync else os.fsync)(fh)
 
     @_handler
     def release(self, fh):
         node = self.handles.pop(fh)
         node.handles.discard(fh)
+        self.sync_handles.discard(fh)
         os.close(fh)
         if IGNORE_FILE in node.paths:
             self.reload_rules()
@@ -606,7 +622,8 @@ class RewindOperations(pyfuse3.Operations):
 
     @_handler
     def fsyncdir(self, fh, datasync):
-        os.fsync(self.dirs[fh][0])
+        self.store.sync()            # e.g. a rename's pre-images, before the rename is
+        os.fsync(self.dirs[fh][0])   # made durable (invariant 12)
 
     # -- xattrs ------------------------------------------------------------------------
 
@@ -748,6 +765,7 @@ class RewindOperations(pyfuse3.Operations):
     def statistics(self) -> dict:
         return {"epoch": self.epoch_id, "captured": len(self.captured),
                 "writeback": self.enable_writeback_cache,
+                "store_syncs": self.store.statistics()["durability"]["syncs"],
                 "open_files": len(self.handles), **self.stats, **self.table.statistics()}
 
 

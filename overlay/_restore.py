@@ -14,7 +14,10 @@ Contracts (DESIGN invariants 3–6, 11):
   (``_capture.capture_images``: paths and parents in one commit, those other names in
   a second) before the first change, so the epoch records the tree exactly as the
   rewind found it; every rewind is itself a point, and redo is "rewind to the start of
-  the newest rewind epoch".  The images taken then also decide whether a plain file
+  the newest rewind epoch".  Those pre-images are made durable (``store.sync()``)
+  before the first change too, and again before each ``syncfs``/directory ``fsync``
+  for any captured late (invariant 12): a power cut never keeps a landed change
+  without the state it replaced.  The images taken then also decide whether a plain file
   needs landing (no second look).
 - Paths are resolved under ``root_fd`` only (``_resolve.DirCache``: each directory
   opened once per run by an ``O_NOFOLLOW`` walk, forgotten when the run removes it): a
@@ -485,6 +488,7 @@ def _land_all(run: _Run, store_plan, items=None) -> RestoreResult:
     try:
         _precapture(run, [it.action.path for it in items
                           if it.change not in ("unchanged", "ignored")])
+        run.store.sync()     # durable before durable (invariant 12): see the contract
         _land_actions(run, store_plan, result)
     finally:
         _settle_adopted(run, result)
@@ -555,6 +559,7 @@ def _land_staged(run: _Run, result: RestoreResult) -> None:
         run.dirs.trim()
         return
     batch, run.staged, run.staged_bytes = run.staged, [], 0
+    run.store.sync()         # a late capture (_land_one) before anything is durable
     syncfs(run.root_fd)
     landed = []
     for st in batch:
@@ -709,6 +714,7 @@ def _failure(path: bytes, exc: BaseException) -> Failure:
 
 def _fsync_dirs(run: _Run) -> None:
     """Make the renames durable before the intent is cleared (one fsync per dir)."""
+    run.store.sync()
     for rel in sorted(run.dirty):
         try:
             fd = run.dirs.dir(rel)

@@ -126,6 +126,29 @@ def w_sqlite(d: Path, ctx) -> None:
     con.close()
 
 
+def w_saves(d: Path, ctx) -> None:
+    """An editor's durable save, over and over: write a new temp name, fsync it, rename
+    it over the file, fsync the directory.  Each save brings new pre-images (the temp
+    name, the file) right before an fsync: the worst case for syncing the store first."""
+    base = d / "saves"
+    base.mkdir()
+    data = b"y" * 4096
+    dfd = os.open(base, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for i in range(ctx["saves"]):
+            tmp, name = base / f".f{i % 50}.{i}.tmp", base / f"f{i % 50}"
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            try:
+                os.write(fd, data)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.rename(tmp, name)
+            os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
 def w_random_write(d: Path, ctx) -> None:
     size = ctx["rand_mib"] * MiB
     path = d / "rand.bin"
@@ -156,6 +179,7 @@ def workloads(ctx) -> list:
         (f"{ctx['seq_mib']} MiB sequential write", w_seq_write),
         (f"{ctx['seq_mib']} MiB sequential read", w_seq_read),
         (f"sqlite {ctx['sqlite_tx']:,} transactions", w_sqlite),
+        (f"{ctx['saves']:,} fsynced saves", w_saves),
         (f"4 KiB random writes, {ctx['rand_mib']} MiB", w_random_write),
     ]
 
@@ -354,6 +378,8 @@ def run_suite(target_cm, ctx, fuse: bool) -> dict[str, float]:
     times = {}
     with target_cm as (d, _handle):
         for name, fn in workloads(ctx):
+            if ctx.get("workload") and not any(w in name for w in ctx["workload"]):
+                continue
             os.sync()
             t0 = time.perf_counter()
             fn(d, ctx)
@@ -827,6 +853,9 @@ def main(argv=None) -> int:
     ap.add_argument("--only", choices=["suite", "marks", "rewind", "rewind-small", "rewind-big"],
                     action="append", help="run one part; rewind-small: only the 10k-file "
                     "rewind; rewind-big: only the 1 GiB rewind/redo against cp (--reps times)")
+    ap.add_argument("--workload", action="append", metavar="TEXT",
+                    help="suite: run only the workloads whose name contains TEXT "
+                         "(repeatable), e.g. --workload sqlite")
     ap.add_argument("--workdir", default=None, help="where to run (default: a temp dir under /tmp)")
     ap.add_argument("--out", default=str(REPO / "bench-results" / "bench.json"))
     ap.add_argument("--markdown", metavar="JSON", help="print the tables of an earlier run")
@@ -837,7 +866,8 @@ def main(argv=None) -> int:
         return 0
     q = args.quick
     ctx = {"small_files": 500 if q else 5000, "seq_mib": 16 if q else 256,
-           "sqlite_tx": 1000 if q else 10000, "rand_mib": 8 if q else 64}
+           "sqlite_tx": 1000 if q else 10000, "rand_mib": 8 if q else 64,
+           "saves": 200 if q else 1000, "workload": args.workload}
     args.marks = 50 if q else 200
     args.rewind_files = 1000 if q else 10000
     args.big_mib = 64 if q else 1024

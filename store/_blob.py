@@ -7,9 +7,10 @@ Contract:
 - Blobs up to ``INLINE_MAX`` bytes live inside LMDB (above ``ZSTD_MIN`` zstd-compressed
   when that saves at least an eighth, see ``_encode_inline``); larger ones are files
   ``blobs/ab/cdef…`` written to a unique temp name, fsynced, renamed and the shard
-  directory fsynced — all *before* the index entry is committed, so an entry never
-  names a file that is not durable.  (A crash in between leaves an orphan file; gc
-  removes it after the grace period, fsck reports it.)
+  directory fsynced (a new shard directory's name too) — all *before* the index entry
+  is committed, so an entry never names a file that is not durable.  (A crash in
+  between leaves an orphan file; gc removes it after the grace period, fsck reports
+  it.)
 - A key that already exists is trusted only after its size and bytes match the new
   content (collision-safe dedup).  If the existing blob no longer matches its own key
   (corrupt) the new content repairs it; if it matches its key but differs from the new
@@ -408,7 +409,7 @@ class BlobArea:
                     self._touch(txn, key, old)
                     return key, size
                 final = self.file_path(key)
-                os.makedirs(os.path.dirname(final), exist_ok=True)
+                self._shard_dir(final)
                 os.rename(tmp_path, final)
                 tmp_path = None
                 _fsync_dir(os.path.dirname(final))
@@ -417,6 +418,14 @@ class BlobArea:
         finally:
             if tmp_path is not None:
                 _unlink_quiet(tmp_path)
+
+    def _shard_dir(self, final: str) -> None:
+        """Make sure ``final``'s shard directory exists, and that a new one is durable
+        (its name fsynced into the blob root) before a blob file is renamed into it."""
+        shard = os.path.dirname(final)
+        if not os.path.isdir(shard):
+            os.makedirs(shard, exist_ok=True)
+            _fsync_dir(self.root)
 
     def _accept_existing(self, key, entry, size, data, path) -> bool:
         """True if the stored blob equals the new content; False if it is corrupt

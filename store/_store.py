@@ -11,7 +11,8 @@ cross ``fork()``; open it again in the child.
 Durability: see docs/store.md.  The environment runs with ``sync=False`` by default: a
 committed transaction survives a SIGKILL of the process (the pages are in the kernel's
 page cache), not necessarily a power loss; ``flush()`` forces it to disk, and turn
-boundaries call it.
+boundaries call it; ``sync()`` does the same only when something committed since the
+last one (the overlay calls it before every ``fsync`` through the mount).
 """
 
 from __future__ import annotations
@@ -89,8 +90,18 @@ class Store:
 
     def flush(self) -> None:
         """Force every committed transaction to disk (survives power loss)."""
-        with _txn.translate():
-            self._env.sync(True)
+        self._check_usable()
+        _txn.sync(self._env, force=True)
+
+    def sync(self) -> bool:
+        """Make every pre-image this process has committed durable (DESIGN invariant
+        12): ``flush()`` when a write transaction committed since the last sync, else
+        nothing — a lock and two integer reads.  True if it had to write.  Blob files
+        need nothing here: each is fsynced, with its directory, before its entry
+        commits.  Thread-safe; covers every transaction whose call returned before this
+        one started, from any thread.  ``StoreError`` if the disk refuses."""
+        self._check_usable()
+        return _txn.sync(self._env)
 
     def _w(self):
         self._check_usable()
@@ -398,7 +409,8 @@ class Store:
             stat = {name: txn.stat(db)["entries"] for name, db in self._db.items()}
         info = self._env.info()
         return {"path": str(self.path), "entries": stat,
-                "map_used_bytes": info["last_pgno"] * self._env.stat()["psize"]}
+                "map_used_bytes": info["last_pgno"] * self._env.stat()["psize"],
+                "durability": _txn.sync_statistics(self._env)}
 
 
 def _check_paths(paths):
