@@ -280,11 +280,17 @@ def call(sock_path, method: str, params: dict | None = None, *, on_event=None,
     """Blocking client: send one request, pass events to ``on_event``, return the result.
 
     Raises the ``RewindfsError`` subclass matching an error reply's code,
-    ``DaemonGone`` if the connection closes first, ``OSError`` if it cannot connect.
+    ``DaemonGone`` if the connection closes first, ``OSError`` if it cannot connect,
+    ``UnsafeSocket`` (nothing sent) if the socket or the process answering on it
+    belongs to neither our uid nor root.
     """
+    from ._paths import check_socket_owner   # late: _paths is light, but keep imports flat
+
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.settimeout(timeout)
+        check_socket_owner(sock_path)          # before connecting: owner of the file
         _connect(s, os.fsencode(sock_path))
+        check_socket_owner(sock_path, s)       # before sending: the process answering
         req = {"v": VERSION, "id": request_id, "method": method, "params": params or {}}
         s.sendall(json.dumps(req).encode() + b"\n")
         buf = b""
