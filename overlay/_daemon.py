@@ -219,24 +219,14 @@ async def _serve_connection(ctx, stream: trio.SocketStream) -> None:
 
 
 async def _read_requests(ctx, stream) -> None:
-    buf = bytearray()
+    lines = _protocol.LineBuffer()   # linear: each byte searched for a newline once
     skipping = False  # inside an oversized line: drop bytes up to its newline
     while True:
         data = await stream.receive_some(65536)
         if not data:
             return
-        buf += data
-        while True:
-            nl = buf.find(b"\n")
-            if nl < 0:
-                if len(buf) > _protocol.MAX_LINE:
-                    if not skipping:
-                        await stream.send_all(_protocol.reply_error(None, _protocol.TooLarge()))
-                    skipping = True
-                    buf.clear()
-                break
-            line = bytes(buf[:nl])
-            del buf[:nl + 1]
+        lines.feed(data)
+        while (line := lines.next_line()) is not None:
             if skipping:
                 skipping = False
                 continue
@@ -248,6 +238,11 @@ async def _read_requests(ctx, stream) -> None:
             await _protocol.dispatch(ctx, line, stream.send_all)
             if ctx._unmount_pending:
                 ctx.shutdown.set()
+        if lines.pending() > _protocol.MAX_LINE:
+            if not skipping:
+                await stream.send_all(_protocol.reply_error(None, _protocol.TooLarge()))
+            skipping = True
+            lines.clear()
 
 
 async def serve_control(ctx, listener: socket.socket) -> None:

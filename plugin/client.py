@@ -30,7 +30,7 @@ from . import _results as R
 from ._errors import (BadResponse, ConnectionLost, DaemonUnreachable, NotMounted,
                       RewindfsClientError, Timeout, UnsafeSocket)
 from ._paths import find_socket
-from ._protocol import Conversation
+from ._protocol import Conversation, ShowAssembler
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +120,11 @@ class _Calls:
         return self._run("diff", {"a": a, "b": b, "paths": paths}, R.changes)
 
     def show(self, point, path: str) -> bytes:
-        return self._run("show", {"point": point, "path": path}, R.content)
+        """The bytes of *path* at *point* (None: now); b"" if absent.  The daemon
+        streams them in ``show.chunk`` events of ≤ 256 KiB, so no reply line is large."""
+        parts = ShowAssembler()
+        return self._run("show", {"point": point, "path": path, "stream": True},
+                         parts.finish, parts.on_event)
 
     def fork(self, child: str, parent: str, boundary_turn: int) -> None:
         return self._run("fork", {"child": child, "parent": parent,
