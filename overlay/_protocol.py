@@ -393,8 +393,8 @@ async def dispatch(ctx, line: bytes, send) -> None:
     except RewindfsError as exc:
         rid = getattr(exc, "request_id", rid)
         await send(reply_error(rid, exc))
-    except trio.Cancelled:
-        raise
+    except (trio.Cancelled, trio.BrokenResourceError, trio.ClosedResourceError):
+        raise   # cancelled, or the client went away mid-reply (`rewindfs show | head`)
     except Exception as exc:  # a bug must not take the daemon down
         log.exception("control request failed")
         err = RewindfsError(f"internal error: {type(exc).__name__}: {exc}")

@@ -205,7 +205,8 @@ class ContentTooLarge(RewindfsError):
 
 
 def open_show(ctx, params: dict):
-    """Validate a ``show`` request and open its content: ``(point, Content | None)``."""
+    """Validate a ``show`` request and open its content: ``(epoch, Content | None,
+    path)`` (``epoch`` None: now; ``Content`` None: absent there)."""
     point = _point(params, "point", "show", required=False)
     if "path" not in params:
         raise BadParams(method="show", reason="'path' is required")
