@@ -25,10 +25,11 @@ import hashlib
 import json
 import os
 import socket
+import subprocess
 
 import pytest
 
-from mountkit import cli, mounted
+from mountkit import PYTHON, ROOT, cli, mounted
 
 MB = 1 << 20
 BIG = 40 * MB
@@ -211,19 +212,20 @@ def test_each_python_client_returns_the_exact_bytes(big):
     assert trio.run(via_trio) == (v1, v2)
 
 
+def _cli_bytes(m, *args, stdout=subprocess.PIPE):
+    """``rewindfs ARGS -C WS`` with binary output (``mountkit.cli`` decodes text)."""
+    return subprocess.run([PYTHON, "-m", "overlay.cli", "--store", os.fspath(m.store), *args,
+                           "-C", os.fspath(m.ws)], stdout=stdout, stderr=subprocess.PIPE,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=300)
+
+
 @pytest.mark.mount
 def test_cli_show_writes_the_exact_bytes(big, tmp_path):
     m, point, v1, _v2 = big
     out = tmp_path / "out"
-    import subprocess
-    import sys
-    from mountkit import ROOT
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
     for args, want in (([point, "big"], v1), ([point, "small"], b"small file\n")):
         with open(out, "wb") as f:
-            res = subprocess.run([sys.executable, "-m", "overlay.cli", "--store",
-                                  os.fspath(m.store), "show", *args, "-C", os.fspath(m.ws)],
-                                 stdout=f, stderr=subprocess.PIPE, env=env, timeout=300)
+            res = _cli_bytes(m, "show", *args, stdout=f)
         assert res.returncode == 0, res.stderr
         assert out.read_bytes() == want
     res = cli("show", point, "big", "--json", "-C", m.ws, store=m.store, timeout=300)
@@ -281,3 +283,39 @@ def test_without_stream_v1_reply_and_clear_refusal(big):
         call(m.socket, "show", {"point": point, "path": "big"}, timeout=60)
     assert info.value.code == "content-too-large"
     assert "stream" in str(info.value)
+
+
+@pytest.mark.mount
+def test_damage_found_after_the_last_chunk_fails_the_call(tmp_path):
+    """A stored blob is verified as it streams, so damage shows only after its last
+    chunk: the error reply that follows must make every client fail — never return or
+    silently print the damaged bytes as if they were good."""
+    from plugin.client import Client, RewindfsClientError
+
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    data = _random(3 * MB, 5)
+    _write(ws / "f", data)
+    with mounted(ws, tmp_path / "store") as m:
+        epoch = m.call("turn.begin", session="s", turn=1, label="x")["epoch"]
+        _write(ws / "f", b"new")
+        m.call("turn.end")
+        with m.open_store() as store:
+            ws_id, _ = store.workspace_containing(os.path.realpath(os.fsencode(ws)))
+            key = dict(store.journal(ws_id, epoch))[b"f"].blob
+            blob = store.blobs.file_path(key)
+        with open(blob, "r+b") as f:            # one flipped byte in the middle
+            f.seek(MB)
+            byte = f.read(1)
+            f.seek(MB)
+            f.write(bytes([byte[0] ^ 0xFF]))
+        with Client(m.socket, timeout=60) as c, pytest.raises(RewindfsClientError) as info:
+            c.show(f"e{epoch}", "f")
+        assert info.value.code == "blob-corrupt"
+        res = _cli_bytes(m, "show", f"e{epoch}", "f")
+        assert res.returncode != 0 and b"blob-corrupt" in res.stderr, res.stderr
+        res = cli("show", f"e{epoch}", "f", "--json", "-C", ws, store=m.store)
+        recs = [json.loads(line) for line in res.stdout.splitlines()]
+        assert res.returncode != 0
+        assert recs[0]["type"] == "show" and recs[0]["complete"] is False, recs[0].keys()
+        assert "blob-corrupt" in json.dumps(recs[1:]), recs[1:]
