@@ -21,7 +21,8 @@ from store._errors import RewindfsError
 from . import _daemon, _protocol
 from ._cli_rewind_view import human_bytes
 from ._paths import (AlreadyMounted, MountFailed, NotMounted, UsageError, check_workspace,
-                     control_socket_path, is_inside, resolve_store_path)
+                     control_socket_path, ensure_runtime_dir, is_inside, open_log,
+                     resolve_store_path)
 
 log = logging.getLogger(__name__)
 
@@ -64,13 +65,15 @@ def spawn_daemon(dir_path, store, *, recover: bool = False) -> int:
     real = check_workspace(dir_path, store) if not recover else os.path.realpath(
         os.fsencode(dir_path))
     logfile = _log_path(store, real)
-    os.makedirs(os.path.dirname(logfile), mode=0o700, exist_ok=True)
+    ensure_runtime_dir(os.path.dirname(logfile))   # refused here: nothing written yet
+    log_fd = open_log(logfile)                       # never through a symlink
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:  # the daemon
         os.close(r)
-        os._exit(_daemon_child(dir_path, store, recover, w, logfile))
+        os._exit(_daemon_child(dir_path, store, recover, w, log_fd))
     os.close(w)
+    os.close(log_fd)
     with os.fdopen(r, "rb") as pipe:
         line = pipe.readline()
     if line == b"ok\n":
@@ -82,10 +85,9 @@ def spawn_daemon(dir_path, store, *, recover: bool = False) -> int:
     raise _protocol.error_from_dict(json.loads(line))
 
 
-def _daemon_child(dir_path, store, recover, w, logfile) -> int:
+def _daemon_child(dir_path, store, recover, w, log_fd) -> int:
     try:
         os.setsid()
-        log_fd = os.open(logfile, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         null = os.open(os.devnull, os.O_RDWR)
         os.dup2(null, 0)
         os.dup2(log_fd, 1)

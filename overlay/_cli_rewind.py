@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import argparse
 import base64
+import codecs
 import contextlib
+import json
 import os
 import socket
 
@@ -182,30 +184,117 @@ def cmd_diff(args, out) -> int:
         res = ws.call("diff", params)
 
         def content(point, path):
-            r = ws.call("show", {"point": f"e{point}", "path": path} if point is not None
-                        else {"path": path})
-            return base64.b64decode(r["content_b64"]) if r["exists"] else None
+            sink = _ShowSink(None)
+            r = ws.call("show", {"point": f"e{point}", "path": path, "stream": True}
+                        if point is not None else {"path": path, "stream": True},
+                        on_event=sink.event)
+            return sink.collected(r) if r["exists"] else None
 
         V.render_diff(out, res, content)
     return 0
 
 
 def cmd_show(args, out) -> int:
+    """Writes the content as its chunks arrive (``--json``: one ``show`` record whose
+    ``content_b64`` is written piece by piece), so memory stays at one chunk."""
+    sink = _ShowSink(out, args.file)
     with open_workspace(args, out) as ws:
-        params = {"point": args.point, "path": _rel_paths(_PathArgs(args), ws.root)[0]}
+        params = {"point": args.point, "path": _rel_paths(_PathArgs(args), ws.root)[0],
+                  "stream": True}
         if args.session:
             params["session"] = args.session
-        res = ws.call("show", params)
+        try:
+            res = ws.call("show", params, on_event=sink.event)
+        except RewindfsError:
+            sink.abort()
+            raise
     if not res["exists"]:
         raise V.Absent(path=args.file, point=args.point)
-    data = base64.b64decode(res["content_b64"])
-    if out.json:
-        out.emit("show", path=args.file, point=res["point"], content_b64=res["content_b64"])
-    else:
-        out.stream.flush()
-        os.write(out.stream.fileno(), data) if _has_fd(out.stream) else out.stream.write(
-            data.decode("utf-8", "replace"))
+    sink.finish(res)
     return 0
+
+
+class _ShowSink:
+    """Where ``show.start``/``show.chunk`` events go: *out*'s stream (raw bytes, or the
+    ``show`` JSON record written incrementally) or, with ``out=None``, a buffer for
+    ``collected``.  A result with ``content_b64`` (no stream) is handled the same way."""
+
+    def __init__(self, out, path=None):
+        self.out, self.path = out, path
+        self.buf = bytearray() if out is None else None
+        self.n = 0
+        self.carry = b""        # --json: bytes not yet base64-encoded (< 3)
+        self.started = False
+        self.text = codecs.getincrementaldecoder("utf-8")("replace")
+
+    def event(self, ev) -> None:
+        if ev.get("type") == "show.start":
+            self._start(ev.get("point"))
+        elif ev.get("type") == "show.chunk":
+            if ev.get("offset") != self.n:
+                raise _protocol.BadReply(reason=f"chunk at offset {ev.get('offset')}, "
+                                              f"expected {self.n}")
+            self._write(base64.b64decode(ev["data_b64"]))
+
+    def _start(self, point) -> None:
+        self.started = True
+        if self.out is not None and self.out.json:
+            head = json.dumps({"v": 1, "type": "show", "path": self.path, "point": point})
+            self._put(head[:-1] + ', "content_b64": "')
+        elif self.out is not None:
+            self.out.stream.flush()     # whatever was printed before goes first
+
+    def _write(self, data: bytes) -> None:
+        self.n += len(data)
+        if self.out is None:
+            self.buf += data
+        elif self.out.json:
+            data = self.carry + data
+            cut = len(data) - len(data) % 3
+            self.carry = data[cut:]
+            self._put(base64.b64encode(data[:cut]).decode("ascii"))
+        elif _has_fd(self.out.stream):
+            _write_fd(self.out.stream.fileno(), data)
+        else:
+            self.out.stream.write(self.text.decode(data))
+
+    def _put(self, text: str) -> None:
+        self.out.stream.write(text)
+
+    def _close_record(self, complete: bool) -> None:
+        self._put(base64.b64encode(self.carry).decode("ascii")
+                  + f'", "complete": {"true" if complete else "false"}}}\n')
+        self.out.stream.flush()
+
+    def abort(self) -> None:
+        """The call failed after chunks went out: end the JSON record as incomplete."""
+        if self.started and self.out is not None and self.out.json:
+            self._close_record(False)
+
+    def finish(self, res: dict) -> None:
+        if not self.started:      # a daemon that does not stream: content in the result
+            self._start(res.get("point"))
+            self._write(base64.b64decode(res.get("content_b64") or ""))
+        elif res.get("size") != self.n:
+            self.abort()
+            raise _protocol.BadReply(reason=f"got {self.n} bytes, announced {res.get('size')}")
+        if self.out is None:
+            return
+        if self.out.json:
+            self._close_record(True)
+        elif not _has_fd(self.out.stream):
+            self.out.stream.write(self.text.decode(b"", final=True))
+        self.out.stream.flush()
+
+    def collected(self, res: dict) -> bytes:
+        self.finish(res)
+        return bytes(self.buf)
+
+
+def _write_fd(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
 
 
 class _StoreOnly:

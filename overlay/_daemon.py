@@ -19,7 +19,6 @@ import logging
 import os
 import signal
 import socket
-import struct
 import subprocess
 import sys
 
@@ -32,7 +31,8 @@ from . import _fastloop, _protocol, _sys
 from ._fs import RewindOperations
 from ._handoff import Handoff
 from ._paths import (AlreadyMounted, MountFailed, StaleMount, check_workspace,
-                     control_socket_path, is_inside, resolve_store_path)
+                     control_socket_path, ensure_runtime_dir, is_inside, peer_uid,
+                     resolve_store_path)
 
 log = logging.getLogger(__name__)
 
@@ -178,8 +178,10 @@ def lazy_unmount(path) -> None:
 # -- control socket --------------------------------------------------------------------
 
 def _bind_socket(sock_path: bytes, workspace: bytes) -> socket.socket:
-    """Bind the 0600 control socket; refuse if a live daemon already answers on it."""
-    os.makedirs(os.path.dirname(sock_path), mode=0o700, exist_ok=True)
+    """Bind the 0600 control socket in the verified runtime directory
+    (``ensure_runtime_dir``); refuse if a live daemon already answers on it.  ``bind``
+    never follows a symlink and fails on any existing name (exclusive creation)."""
+    ensure_runtime_dir(os.path.dirname(sock_path))
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         probe.connect(sock_path)
@@ -203,15 +205,10 @@ def _bind_socket(sock_path: bytes, workspace: bytes) -> socket.socket:
     return sock
 
 
-def _peer_uid(sock) -> int:
-    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    return struct.unpack("3i", raw)[1]
-
-
 async def _serve_connection(ctx, stream: trio.SocketStream) -> None:
     async with stream:
         try:
-            uid = _peer_uid(stream.socket)
+            uid = peer_uid(stream.socket)
             if uid not in (os.getuid(), 0):
                 log.warning("refused control connection from uid %d", uid)
                 await stream.send_all(_protocol.reply_error(None, _protocol.Forbidden(uid=uid)))
@@ -222,24 +219,14 @@ async def _serve_connection(ctx, stream: trio.SocketStream) -> None:
 
 
 async def _read_requests(ctx, stream) -> None:
-    buf = bytearray()
+    lines = _protocol.LineBuffer()   # linear: each byte searched for a newline once
     skipping = False  # inside an oversized line: drop bytes up to its newline
     while True:
         data = await stream.receive_some(65536)
         if not data:
             return
-        buf += data
-        while True:
-            nl = buf.find(b"\n")
-            if nl < 0:
-                if len(buf) > _protocol.MAX_LINE:
-                    if not skipping:
-                        await stream.send_all(_protocol.reply_error(None, _protocol.TooLarge()))
-                    skipping = True
-                    buf.clear()
-                break
-            line = bytes(buf[:nl])
-            del buf[:nl + 1]
+        lines.feed(data)
+        while (line := lines.next_line()) is not None:
             if skipping:
                 skipping = False
                 continue
@@ -251,6 +238,11 @@ async def _read_requests(ctx, stream) -> None:
             await _protocol.dispatch(ctx, line, stream.send_all)
             if ctx._unmount_pending:
                 ctx.shutdown.set()
+        if lines.pending() > _protocol.MAX_LINE:
+            if not skipping:
+                await stream.send_all(_protocol.reply_error(None, _protocol.TooLarge()))
+            skipping = True
+            lines.clear()
 
 
 async def serve_control(ctx, listener: socket.socket) -> None:
@@ -330,6 +322,9 @@ def serve_mount(dir_path, store_path=None, *, recover: bool = False, ready=None,
         real = check_workspace(dir_path, store_path)
     if find_rewindfs_mount(real):
         raise AlreadyMounted(path=os.fsdecode(real))
+    # before anything is written (store, intent recovery, socket): a squatted runtime
+    # directory stops the mount here
+    ensure_runtime_dir(os.path.dirname(control_socket_path(store_path, real)))
     with Store.open(store_path) as store:
         ws = store.workspace(real)
         root_fd = os.open(real, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)

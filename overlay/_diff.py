@@ -1,4 +1,5 @@
-"""Comparing points and reading a file as it was: ``diff_points``, ``content_at``.
+"""Comparing points and reading a file as it was: ``diff_points``, ``content_at``,
+``open_content`` (the same, as a stream of chunks: the daemon's ``show``).
 
 Read-only: nothing is written to the workspace or the store (a file's current content is
 hashed in place to compare it, never stored).  A path's state at a point follows the
@@ -19,7 +20,8 @@ from . import _restore_land as L
 from ._capture import snapshot
 from ._resolve import open_parent
 
-__all__ = ["Change", "NotAFile", "content_at", "diff_points", "state_now", "state_of"]
+__all__ = ["Change", "Content", "NotAFile", "content_at", "diff_points", "open_content",
+           "state_now", "state_of"]
 
 
 class NotAFile(RewindfsError):
@@ -102,30 +104,127 @@ def diff_points(root_fd: int, store, ws: int, a: int, b: int | None, *, paths=No
 def content_at(root_fd: int, store, ws: int, epoch: int | None, path: bytes) -> bytes | None:
     """The bytes of ``path`` at point ``epoch`` (``None``: now) — a symlink's target;
     ``None`` if absent.  Raises ``NotAFile`` for a directory or fifo."""
+    content = open_content(root_fd, store, ws, epoch, path)
+    if content is None:
+        return None
+    with content:
+        return b"".join(content.chunks)
+
+
+class Content:
+    """A file's content at a point, open and read in chunks of at most ``chunk`` bytes.
+
+    ``size`` is the size recorded (stored points) or seen by ``fstat`` at open (now);
+    ``chunks`` yields ``bytes``.  The source is open once this exists (the blob file,
+    or the current file through the root fd, ``O_NOFOLLOW``), so reading it needs no
+    lock: a blob is immutable and one that gc unlinks meanwhile stays readable; the
+    current file may change while it is read (a live file, as ``cat`` sees it).  A
+    stored blob is verified as it goes: ``BlobCorrupt`` comes after its last chunk,
+    and whoever consumed the chunks must then treat them as invalid.  ``close()``
+    (or ``with``) releases the source, also one never read."""
+
+    def __init__(self, size: int, source, *, chunk: int):
+        self.size = size
+        self._source = source
+        self.chunks = _pieces(source, chunk)
+
+    def close(self) -> None:
+        self.chunks.close()
+        close = getattr(self._source, "close", None)
+        if close is not None:
+            close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+SHOW_CHUNK = 192 * 1024   # 256 KiB once in base64: one protocol line stays far below 1 MiB
+
+
+def open_content(root_fd: int, store, ws: int, epoch: int | None, path: bytes, *,
+                 chunk: int = SHOW_CHUNK) -> Content | None:
+    """``content_at`` as an open ``Content`` (``None`` if absent; ``NotAFile`` for a
+    directory or fifo); memory stays at one chunk whatever the file's size."""
     stored = None if epoch is None else store.state_at(ws, epoch, path)
     img = stored if stored is not None else snapshot(root_fd, path, store, with_content=False)
     if img.kind == "absent":
         return None
     if img.kind == "symlink":
-        return img.target
+        return Content(len(img.target), iter([img.target]), chunk=chunk)
     if img.kind != "file":
         raise NotAFile(path=path, what=f"a {img.kind}", point=epoch if epoch else "now")
     if stored is not None:
-        return store.read_blob(img.blob)
-    return _read_now(root_fd, path)
+        return Content(img.size, _Blob(store.iter_blob(img.blob)), chunk=chunk)
+    now = _FdChunks(_open_now(root_fd, path), chunk)
+    return Content(now.size, now, chunk=chunk)
 
 
-def _read_now(root_fd: int, path: bytes) -> bytes:
+class _Blob:
+    """A verified blob stream whose file is open from the start (the first chunk is
+    read at once: ``BlobMissing`` raises here, and a later gc cannot take it away)."""
+
+    def __init__(self, gen):
+        self._gen = gen
+        self._head = next(gen, None)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> bytes:
+        if self._head is not None:
+            head, self._head = self._head, None
+            return head
+        return next(self._gen)
+
+    def close(self) -> None:
+        self._head = None
+        self._gen.close()
+
+
+class _FdChunks:
+    """Chunks read from an open fd; the fd is closed at EOF or by ``close()``."""
+
+    def __init__(self, fd: int, size: int):
+        self._fd, self._size = fd, size
+        self.size = os.fstat(fd).st_size
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> bytes:
+        if self._fd < 0:
+            raise StopIteration
+        chunk = os.read(self._fd, self._size)
+        if not chunk:
+            self.close()
+            raise StopIteration
+        return chunk
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            fd, self._fd = self._fd, -1
+            os.close(fd)
+
+
+def _pieces(chunks, size: int):
+    """Re-cut *chunks* into pieces of at most *size* bytes (never the whole at once)."""
+    for c in chunks:
+        if len(c) <= size:
+            yield c
+        else:
+            view = memoryview(c)
+            for i in range(0, len(c), size):
+                yield bytes(view[i:i + size])
+
+
+def _open_now(root_fd: int, path: bytes) -> int:
     dir_fd, name = open_parent(root_fd, path)
     try:
         fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK,
                      dir_fd=dir_fd)
     finally:
         os.close(dir_fd)
-    try:
-        chunks = []
-        while chunk := os.read(fd, 1 << 20):
-            chunks.append(chunk)
-        return b"".join(chunks)
-    finally:
-        os.close(fd)
+    return fd

@@ -13,7 +13,9 @@ from __future__ import annotations
 import errno
 import os
 import pathlib
+import socket
 import stat
+import struct
 
 import xxhash
 
@@ -22,7 +24,8 @@ from store._location import is_inside  # noqa: F401  (re-exported for overlay mo
 
 __all__ = [
     "AlreadyMounted", "BadWorkspace", "MountFailed", "NotMounted", "RefusedWorkspace",
-    "StaleMount", "UsageError", "control_socket_path", "default_store_path",
+    "StaleMount", "UnsafeRuntimeDir", "UnsafeSocket", "UsageError", "check_socket_owner",
+    "control_socket_path", "default_store_path", "ensure_runtime_dir", "open_log",
     "resolve_store_path", "check_workspace", "is_inside",
 ]
 
@@ -63,6 +66,18 @@ class MountFailed(RewindfsError):
     code = "mount-failed"
 
 
+class UnsafeRuntimeDir(RewindfsError):
+    """Refusing the runtime directory {path}: {reason}. Remove it (or set XDG_RUNTIME_DIR to a private directory) and try again."""
+
+    code = "unsafe-runtime-dir"
+
+
+class UnsafeSocket(RewindfsError):
+    """Refusing the control socket {path}: {reason}; nothing was sent."""
+
+    code = "unsafe-socket"
+
+
 class UsageError(RewindfsError):
     """{message}"""
 
@@ -97,6 +112,91 @@ def control_socket_path(store_path, ws_real_path) -> bytes:
     digest = xxhash.xxh3_64_hexdigest(store_real + b"\0" + ws_real).encode()
     base = _fs(os.environ.get("XDG_RUNTIME_DIR") or "/tmp")
     return base + b"/rewindfs-%d/" % os.getuid() + digest + b".sock"
+
+
+def ensure_runtime_dir(path) -> bytes:
+    """Create the runtime directory (``mkdir`` mode 0700) or accept an existing one only
+    if ``lstat`` shows a real directory (not a symlink) owned by us with no group or
+    other bits; raise ``UnsafeRuntimeDir`` (exit 2) otherwise.  Returns *path* (bytes).
+
+    Why: without ``$XDG_RUNTIME_DIR`` the directory is ``/tmp/rewindfs-<uid>``, which
+    any local user can create first (mode 0777, or a symlink to a directory of hers)
+    to catch the daemon's log and socket.  Only the last component is checked: the
+    base (``/tmp``, ``$XDG_RUNTIME_DIR``) is the system's or the user's own choice.
+    Once verified the directory is ours and closed to others, so nobody else can put
+    or swap a name inside it afterwards.
+    """
+    path = _fs(path)
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise UnsafeRuntimeDir(path=os.fsdecode(path), reason=exc.strerror) from None
+    st = os.lstat(path)
+    reason = None
+    if stat.S_ISLNK(st.st_mode):
+        reason = "it is a symlink"
+    elif not stat.S_ISDIR(st.st_mode):
+        reason = "it is not a directory"
+    elif st.st_uid != os.getuid():
+        reason = f"it is owned by uid {st.st_uid}, not by uid {os.getuid()}"
+    elif stat.S_IMODE(st.st_mode) & 0o077:
+        reason = f"its mode is {stat.S_IMODE(st.st_mode):04o}, not 0700"
+    if reason is not None:
+        raise UnsafeRuntimeDir(path=os.fsdecode(path), reason=reason)
+    return path
+
+
+def open_log(path) -> int:
+    """Open the daemon's log for appending, never through a symlink (``O_NOFOLLOW``)
+    and only if it is our own regular file; ``UnsafeRuntimeDir`` otherwise.  The caller
+    has checked its directory with ``ensure_runtime_dir``."""
+    path = _fs(path)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW
+                     | os.O_CLOEXEC | os.O_NONBLOCK, 0o600)
+    except OSError as exc:
+        why = "the log is a symlink" if exc.errno == errno.ELOOP else \
+            f"the log cannot be opened: {exc.strerror}"
+        raise UnsafeRuntimeDir(path=os.fsdecode(os.path.dirname(path)), reason=why) from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid():
+        os.close(fd)
+        raise UnsafeRuntimeDir(path=os.fsdecode(os.path.dirname(path)),
+                               reason="the log is not our own regular file")
+    os.set_blocking(fd, True)
+    return fd
+
+
+def check_socket_owner(path, sock=None) -> None:
+    """Raise ``UnsafeSocket`` unless *path* is a socket owned by us or by root (checked
+    with ``lstat``: a symlink is refused) and, given the connected *sock*, the process
+    answering on it runs as us or as root (``SO_PEERCRED``).  A client calls it before
+    it sends anything: a socket in a squatted directory may be someone else's."""
+    path = _fs(path)
+    ok = (os.getuid(), 0)
+    if sock is None:
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            return      # connecting fails next, with the usual "not mounted"
+        if not stat.S_ISSOCK(st.st_mode):
+            raise UnsafeSocket(path=os.fsdecode(path), reason="it is not a socket")
+        if st.st_uid not in ok:
+            raise UnsafeSocket(path=os.fsdecode(path),
+                               reason=f"it is owned by uid {st.st_uid}, not by us or root")
+        return
+    uid = peer_uid(sock)
+    if uid not in ok:
+        raise UnsafeSocket(path=os.fsdecode(path),
+                           reason=f"the process answering runs as uid {uid}, not as us or root")
+
+
+def peer_uid(sock) -> int:
+    """The uid of the process at the other end of a connected Unix socket."""
+    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return struct.unpack("3i", raw)[1]
 
 
 def check_workspace(dir_path, store_path) -> bytes:

@@ -29,12 +29,17 @@ from store._errors import EXIT_USAGE, RewindfsError, all_error_classes
 
 log = logging.getLogger(__name__)
 
-__all__ = ["BadJson", "BadParams", "BadVersion", "Forbidden", "MAX_LINE", "TABLE",
+__all__ = ["BadJson", "BadParams", "BadReply", "BadVersion", "Forbidden", "LineBuffer",
+           "MAX_LINE", "MAX_REPLY_LINE", "TABLE",
            "TooLarge", "UnknownMethod", "VERSION", "call", "error_from_dict",
            "parse_request", "opt_str", "req_int", "req_str"]
 
 VERSION = 1
 MAX_LINE = 1 << 20
+# The blocking client's bound on one reply line.  File content is streamed in lines of
+# ~256 KiB (``show``); a result can still be one long line (a dry run's ``changes`` of a
+# huge tree), so the bound is generous, but it is a bound.
+MAX_REPLY_LINE = 64 << 20
 
 
 class ProtocolError(RewindfsError):
@@ -85,6 +90,48 @@ class DaemonGone(ProtocolError):
     """The daemon closed the connection before answering."""
 
     code = "daemon-gone"
+
+
+class BadReply(ProtocolError):
+    """Bad reply from the daemon: {reason}."""
+
+    code = "bad-response"
+
+
+class LineBuffer:
+    """Newline framing in linear time: bytes in (``feed``), complete lines out
+    (``next_line``).  Each byte is searched for ``b"\n"`` once — the search resumes
+    where the last one stopped — and a line is copied out once (``del`` of a
+    ``bytearray``'s head is cheap), so N bytes cost O(N) however they are split.
+    ``searched`` counts the bytes searched (the tests' measure); ``pending()`` is the
+    size of the partial line held, for the caller's limit."""
+
+    def __init__(self):
+        self._buf = bytearray()
+        self._seen = 0          # bytes of _buf known to hold no newline
+        self.searched = 0
+
+    def feed(self, data) -> None:
+        self._buf += data
+
+    def pending(self) -> int:
+        return len(self._buf)
+
+    def clear(self) -> None:
+        self._buf.clear()
+        self._seen = 0
+
+    def next_line(self) -> bytes | None:
+        nl = self._buf.find(b"\n", self._seen)
+        if nl < 0:
+            self.searched += len(self._buf) - self._seen
+            self._seen = len(self._buf)
+            return None
+        self.searched += nl + 1 - self._seen
+        line = bytes(self._buf[:nl])
+        del self._buf[:nl + 1]
+        self._seen = 0
+        return line
 
 
 def parse_request(line: bytes) -> tuple[object, str, dict]:
@@ -284,22 +331,34 @@ def call(sock_path, method: str, params: dict | None = None, *, on_event=None,
     """Blocking client: send one request, pass events to ``on_event``, return the result.
 
     Raises the ``RewindfsError`` subclass matching an error reply's code,
-    ``DaemonGone`` if the connection closes first, ``OSError`` if it cannot connect.
+    ``DaemonGone`` if the connection closes first, ``OSError`` if it cannot connect,
+    ``UnsafeSocket`` (nothing sent) if the socket or the process answering on it
+    belongs to neither our uid nor root.
     """
+    from ._paths import check_socket_owner   # late: _paths is light, but keep imports flat
+
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.settimeout(timeout)
+        check_socket_owner(sock_path)          # before connecting: owner of the file
         _connect(s, os.fsencode(sock_path))
+        check_socket_owner(sock_path, s)       # before sending: the process answering
         req = {"v": VERSION, "id": request_id, "method": method, "params": params or {}}
         s.sendall(json.dumps(req).encode() + b"\n")
-        buf = b""
+        lines = LineBuffer()
         while True:
-            while b"\n" not in buf:
+            while (line := lines.next_line()) is None:
+                if lines.pending() > MAX_REPLY_LINE:
+                    raise BadReply(reason=f"a reply line over {MAX_REPLY_LINE >> 20} MiB")
                 chunk = s.recv(65536)
                 if not chunk:
                     raise DaemonGone()
-                buf += chunk
-            line, buf = buf.split(b"\n", 1)
-            msg = json.loads(line)
+                lines.feed(chunk)
+            try:
+                msg = json.loads(line)
+            except (ValueError, RecursionError):
+                raise BadReply(reason=f"not JSON: {line[:80]!r}") from None
+            if not isinstance(msg, dict):
+                raise BadReply(reason=f"not an object: {line[:80]!r}")
             if "event" in msg:
                 if on_event is not None:
                     on_event(msg["event"])
@@ -338,8 +397,8 @@ async def dispatch(ctx, line: bytes, send) -> None:
     except RewindfsError as exc:
         rid = getattr(exc, "request_id", rid)
         await send(reply_error(rid, exc))
-    except trio.Cancelled:
-        raise
+    except (trio.Cancelled, trio.BrokenResourceError, trio.ClosedResourceError):
+        raise   # cancelled, or the client went away mid-reply (`rewindfs show | head`)
     except Exception as exc:  # a bug must not take the daemon down
         log.exception("control request failed")
         err = RewindfsError(f"internal error: {type(exc).__name__}: {exc}")

@@ -22,7 +22,7 @@ import os
 
 import trio
 
-from store._errors import BadPath, PathEscape
+from store._errors import BadPath, PathEscape, RewindfsError
 from store._gc import policy_problem
 from store._preimage import check_relpath
 
@@ -180,7 +180,26 @@ def diff_sync(ctx, params: dict, send) -> dict:
     return {"a": ea, "b": eb, "changes": [c.to_dict() for c in changes]}
 
 
-def show_sync(ctx, params: dict, send) -> dict:
+# ``show`` streams: with ``stream: true`` the content travels as events, one line each,
+#     {"type": "show.start", "point": E, "size": N}
+#     {"type": "show.chunk", "offset": O, "data_b64": "..."}    (≤ 192 KiB raw, 256 KiB b64)
+# and the result is ``{point, exists: true, size, streamed: true}`` (no content), so
+# neither side ever holds the whole file, its base64 and its JSON line at once.  An
+# error reply after chunks (``blob-corrupt``: verified only after the last byte)
+# invalidates them.  Without ``stream`` (protocol v1 as before) the content comes in
+# the result's ``content_b64``, for files up to ``SHOW_INLINE_MAX`` only.
+SHOW_INLINE_MAX = 512 * 1024
+
+
+class ContentTooLarge(RewindfsError):
+    """{path!r} has {size} bytes; more than 512 KiB is sent only as a stream (pass "stream": true)."""
+
+    code = "content-too-large"
+
+
+def open_show(ctx, params: dict):
+    """Validate a ``show`` request and open its content: ``(epoch, Content | None,
+    path)`` (``epoch`` None: now; ``Content`` None: absent there)."""
     point = _point(params, "point", "show", required=False)
     if "path" not in params:
         raise BadParams(method="show", reason="'path' is required")
@@ -188,12 +207,39 @@ def show_sync(ctx, params: dict, send) -> dict:
     if not path:
         raise BadParams(method="show", reason="'path' must name a file")
     session = _opt_str(params, "session", "show")
+    _flag(params, "stream", "show")
     epoch = None if point is None else ctx.store.resolve_point(ctx.ws, point, session)
-    data = _diff.content_at(ctx.root_fd, ctx.store, ctx.ws, epoch, path)
-    if data is None:
-        return {"point": epoch, "exists": False, "content_b64": None}
+    return epoch, _diff.open_content(ctx.root_fd, ctx.store, ctx.ws, epoch, path), path
+
+
+def _chunk_event(offset: int, chunk: bytes) -> dict:
+    return {"type": "show.chunk", "offset": offset,
+            "data_b64": base64.b64encode(chunk).decode("ascii")}
+
+
+def _show_inline(epoch, content, path: bytes) -> dict:
+    if content.size > SHOW_INLINE_MAX:
+        raise ContentTooLarge(path=path, size=content.size)
+    data = b"".join(content.chunks)
+    if len(data) > SHOW_INLINE_MAX:     # a live file that grew while read
+        raise ContentTooLarge(path=path, size=len(data))
     return {"point": epoch, "exists": True,
             "content_b64": base64.b64encode(data).decode("ascii")}
+
+
+def show_sync(ctx, params: dict, send) -> dict:
+    epoch, content, path = open_show(ctx, params)
+    if content is None:
+        return {"point": epoch, "exists": False, "content_b64": None}
+    with content:
+        if not params.get("stream"):
+            return _show_inline(epoch, content, path)
+        send({"type": "show.start", "point": epoch, "size": content.size})
+        n = 0
+        for chunk in content.chunks:
+            send(_chunk_event(n, chunk))
+            n += len(chunk)
+    return {"point": epoch, "exists": True, "size": n, "streamed": True}
 
 
 def gc_sync(ctx, params: dict, send) -> dict:
@@ -239,6 +285,27 @@ async def _handle(method: str, ctx, params: dict, emit) -> dict:
         return result
 
 
+async def _show(ctx, params: dict, emit) -> dict:
+    """``show`` in the daemon: the content is opened under the rewind lock (a
+    consistent point), then streamed *outside* it, one chunk per worker-thread read,
+    each sent (``await emit``: the socket's pace) before the next is read — memory is
+    one chunk, and a reader that stops reading (``rewindfs show | less``) holds up no
+    turn mark or rewind."""
+    async with rewind_lock(ctx):
+        epoch, content, path = await trio.to_thread.run_sync(open_show, ctx, params)
+    if content is None:
+        return {"point": epoch, "exists": False, "content_b64": None}
+    with content:
+        if not params.get("stream"):
+            return await trio.to_thread.run_sync(_show_inline, epoch, content, path)
+        await emit({"type": "show.start", "point": epoch, "size": content.size})
+        n = 0
+        while (chunk := await trio.to_thread.run_sync(next, content.chunks, None)) is not None:
+            await emit(_chunk_event(n, chunk))
+            n += len(chunk)
+    return {"point": epoch, "exists": True, "size": n, "streamed": True}
+
+
 async def _run_streaming(fn, ctx, params: dict, emit) -> dict:
     """Run the blocking ``fn`` in a worker thread; its progress events are queued
     without waiting (a blocking hop per event cost a 3,000-file rewind ~14 %), handed to
@@ -269,3 +336,4 @@ async def _run_streaming(fn, ctx, params: dict, emit) -> dict:
 
 
 METHODS = {name: functools.partial(_handle, name) for name in SYNC}
+METHODS["show"] = _show

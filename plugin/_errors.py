@@ -9,13 +9,15 @@ Scripts match ``.code``, never the text.  Codes born on this side:
 - ``daemon-unreachable``: the socket exists but nobody answers (dead daemon);
 - ``connection-lost``: the daemon closed the connection mid-call;
 - ``timeout``: no reply within the client's timeout;
-- ``bad-response``: the daemon sent something that is not protocol v1.
+- ``bad-response``: the daemon sent something that is not protocol v1;
+- ``unsafe-socket``: the socket, or the process answering on it, belongs to neither
+  our uid nor root (a squatted runtime directory); nothing was sent.
 """
 
 from __future__ import annotations
 
 __all__ = ["BadResponse", "ConnectionLost", "DaemonUnreachable", "NotMounted",
-           "RewindfsClientError", "Timeout"]
+           "RewindfsClientError", "Timeout", "UnsafeSocket"]
 
 
 class RewindfsClientError(Exception):
@@ -67,3 +69,10 @@ class BadResponse(RewindfsClientError):
 
     def __init__(self, *, reason):
         super().__init__(f"bad reply from the rewindfs daemon: {reason}")
+
+
+class UnsafeSocket(RewindfsClientError):
+    default_code = "unsafe-socket"
+
+    def __init__(self, socket, reason):
+        super().__init__(f"refusing the control socket {socket}: {reason}; nothing was sent")

@@ -14,11 +14,12 @@ connection (the clients serialize), so a reply with another id is a protocol err
 
 from __future__ import annotations
 
+import base64
 import json
 
 from ._errors import BadResponse, RewindfsClientError
 
-__all__ = ["MAX_LINE", "Conversation", "Reply"]
+__all__ = ["MAX_LINE", "Conversation", "LineBuffer", "Reply", "ShowAssembler"]
 
 MAX_LINE = 1 << 20  # the daemon refuses longer lines ("too-large"); so do we
 
@@ -40,12 +41,67 @@ class Reply:
         return self.event is None
 
 
+class LineBuffer:
+    """Newline framing in linear time (the daemon side has the same in
+    ``overlay/_protocol.py``; ``plugin`` imports nothing from ``overlay``): each byte is
+    searched for ``b"\n"`` once, a line is copied out once.  ``searched`` counts the
+    bytes searched; ``pending()`` is the partial line held."""
+
+    def __init__(self):
+        self._buf = bytearray()
+        self._seen = 0
+        self.searched = 0
+
+    def feed(self, data) -> None:
+        self._buf += data
+
+    def pending(self) -> int:
+        return len(self._buf)
+
+    def next_line(self) -> bytes | None:
+        nl = self._buf.find(b"\n", self._seen)
+        if nl < 0:
+            self.searched += len(self._buf) - self._seen
+            self._seen = len(self._buf)
+            return None
+        self.searched += nl + 1 - self._seen
+        line = bytes(self._buf[:nl])
+        del self._buf[:nl + 1]
+        self._seen = 0
+        return line
+
+
+class ShowAssembler:
+    """Collects a ``show`` reply: ``show.chunk`` events (in order, each at the offset
+    where the last ended) or, from a daemon that does not stream, the result's
+    ``content_b64``.  ``on_event`` goes to the call, ``finish`` parses its result."""
+
+    def __init__(self):
+        self.data = bytearray()
+
+    def on_event(self, event) -> None:
+        if not isinstance(event, dict) or event.get("type") != "show.chunk":
+            return
+        if event.get("offset") != len(self.data) or not isinstance(event.get("data_b64"), str):
+            raise BadResponse(reason=f"show.chunk at offset {event.get('offset')!r}, "
+                                     f"expected {len(self.data)}")
+        self.data += base64.b64decode(event["data_b64"])
+
+    def finish(self, result: dict) -> bytes:
+        if result.get("streamed"):
+            if result.get("size") != len(self.data):
+                raise BadResponse(reason=f"show sent {len(self.data)} bytes, "
+                                         f"announced {result.get('size')!r}")
+            return bytes(self.data)
+        return base64.b64decode(result.get("content_b64") or b"")
+
+
 class Conversation:
     """Encodes requests and decodes replies of one connection."""
 
     def __init__(self):
         self._next_id = 1
-        self._buffer = b""
+        self.lines = LineBuffer()
 
     def request(self, method: str, params: dict | None) -> tuple[int, bytes]:
         """``(id, line)`` for one call; params with value None are left out."""
@@ -59,16 +115,19 @@ class Conversation:
         return rid, line
 
     def feed(self, data: bytes) -> None:
-        self._buffer += data
-        if len(self._buffer) > MAX_LINE and b"\n" not in self._buffer:
-            raise BadResponse(reason="reply line over 1 MiB")
+        self.lines.feed(data)
 
     def next_reply(self, rid: int) -> Reply | None:
-        """The next complete line for request *rid*, or None until more bytes arrive."""
-        nl = self._buffer.find(b"\n")
-        if nl < 0:
+        """The next complete line for request *rid*, or None until more bytes arrive.
+        Linear in the bytes fed (``LineBuffer``); a partial line over ``MAX_LINE`` is a
+        ``BadResponse`` (streamed content comes in lines of ~256 KiB)."""
+        line = self.lines.next_line()
+        if line is None:
+            if self.lines.pending() > MAX_LINE:
+                raise BadResponse(reason="reply line over 1 MiB")
             return None
-        line, self._buffer = self._buffer[:nl], self._buffer[nl + 1:]
+        if len(line) > MAX_LINE:
+            raise BadResponse(reason="reply line over 1 MiB")
         try:
             msg = json.loads(line)
         except ValueError:

@@ -21,14 +21,16 @@ from __future__ import annotations
 import logging
 import os
 import socket as _socket
+import stat
+import struct
 import threading
 import time
 
 from . import _results as R
 from ._errors import (BadResponse, ConnectionLost, DaemonUnreachable, NotMounted,
-                      RewindfsClientError, Timeout)
+                      RewindfsClientError, Timeout, UnsafeSocket)
 from ._paths import find_socket
-from ._protocol import Conversation
+from ._protocol import Conversation, ShowAssembler
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +44,29 @@ def _locate(directory, store) -> bytes:
     if found is None:
         raise NotMounted(os.fsdecode(os.path.abspath(directory)))
     return found[0]
+
+
+def _check_owner(path: bytes, sock=None) -> None:
+    """Refuse (``UnsafeSocket``) a socket file not owned by us or root (``lstat``: a
+    symlink is refused too) and, given the connected *sock*, a peer process that runs
+    as neither (``SO_PEERCRED``).  Both clients call it before sending anything: in a
+    squatted runtime directory another user could have put her own daemon there."""
+    ok = (os.getuid(), 0)
+    name = os.fsdecode(path)
+    if sock is None:
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            return          # connect fails next: daemon-unreachable
+        if not stat.S_ISSOCK(st.st_mode):
+            raise UnsafeSocket(name, "it is not a socket")
+        if st.st_uid not in ok:
+            raise UnsafeSocket(name, f"it is owned by uid {st.st_uid}, not by us or root")
+        return
+    raw = sock.getsockopt(_socket.SOL_SOCKET, _socket.SO_PEERCRED, struct.calcsize("3i"))
+    uid = struct.unpack("3i", raw)[1]
+    if uid not in ok:
+        raise UnsafeSocket(name, f"the process answering runs as uid {uid}, not as us or root")
 
 
 def _epoch(result: dict) -> int:
@@ -99,7 +124,11 @@ class _Calls:
         return self._run("diff", {"a": a, "b": b, "paths": paths}, R.changes)
 
     def show(self, point, path: str) -> bytes:
-        return self._run("show", {"point": point, "path": path}, R.content)
+        """The bytes of *path* at *point* (None: now); b"" if absent.  The daemon
+        streams them in ``show.chunk`` events of ≤ 256 KiB, so no reply line is large."""
+        parts = ShowAssembler()
+        return self._run("show", {"point": point, "path": path, "stream": True},
+                         parts.finish, parts.on_event)
 
     def fork(self, child: str, parent: str, boundary_turn: int) -> None:
         return self._run("fork", {"child": child, "parent": parent,
@@ -139,6 +168,7 @@ class Client(_Calls):
             self._sock = None
 
     def _connect(self):
+        _check_owner(self.socket_path)
         sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
         sock.settimeout(self.timeout)
         try:
@@ -146,6 +176,11 @@ class Client(_Calls):
         except OSError as exc:
             sock.close()
             raise DaemonUnreachable(os.fsdecode(self.socket_path), exc.strerror or str(exc)) from None
+        try:
+            _check_owner(self.socket_path, sock)
+        except UnsafeSocket:
+            sock.close()
+            raise
         self._sock, self._conv = sock, Conversation()
         log.debug("connected to %s", os.fsdecode(self.socket_path))
 
@@ -233,11 +268,18 @@ class TrioClient(_Calls):
         trio = self._trio
         async with self._lock:
             if self._stream is None:
+                _check_owner(self.socket_path)
                 try:
-                    self._stream = await trio.open_unix_socket(self.socket_path)
+                    stream = await trio.open_unix_socket(self.socket_path)
                 except OSError as exc:
                     raise DaemonUnreachable(os.fsdecode(self.socket_path),
                                             exc.strerror or str(exc)) from None
+                try:
+                    _check_owner(self.socket_path, stream.socket)
+                except UnsafeSocket:
+                    await stream.aclose()
+                    raise
+                self._stream = stream
                 self._conv = Conversation()
             try:
                 with trio.fail_after(self.timeout if self.timeout is not None else float("inf")):

@@ -305,6 +305,14 @@ class Store:
         self._check_usable()
         return self.blobs.read(key)
 
+    def iter_blob(self, key: bytes):
+        """The blob's content in chunks (a generator; its file is opened at the first
+        ``next``), without holding it whole; ``BlobCorrupt`` is raised after the last
+        chunk if size or hash is wrong, so a consumer must treat what it got as invalid
+        then."""
+        self._check_usable()
+        return self.blobs.iter_verified(key)
+
     def copy_blob_to_fd(self, key: bytes, fd: int) -> int:
         """Write the blob at ``fd``'s offset; ``BlobCorrupt`` is raised after the last
         chunk if it did not verify (write to a temp file and discard it then)."""

@@ -1,11 +1,11 @@
 // The socket client against a scripted in-test server (protocol v1 framing only).
 import assert from 'node:assert/strict';
-import { mkdtempSync, rmSync } from 'node:fs';
+import { chownSync, mkdtempSync, rmSync } from 'node:fs';
 import { createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { test } from 'node:test';
-import { call } from '../lib/client.js';
+import { call, LineSplitter } from '../lib/client.js';
 
 async function withServer(respond, body) {
   const dir = mkdtempSync(join(tmpdir(), 'rwclient-'));
@@ -72,4 +72,63 @@ test('a silent daemon times out; a missing socket is unreachable', async () => {
     await assert.rejects(call(path, 'turn.begin', {}, { timeoutMs: 50 }), { code: 'timeout' });
   });
   await assert.rejects(call('/nonexistent-rewindfs/x.sock', 'status'), { code: 'daemon-unreachable' });
+});
+
+test('framing is linear: every byte is searched for a newline once', () => {
+  // One 1 MiB line in 1,024 chunks, then 2,000 short lines in one chunk: a splitter
+  // that searched its whole buffer again per chunk would count ~N^2/2 bytes.
+  const s = new LineSplitter();
+  const piece = Buffer.alloc(1024, 0x61);
+  let lines = [];
+  for (let i = 0; i < 1024; i += 1) lines = lines.concat(s.push(piece));
+  assert.equal(lines.length, 0);
+  lines = s.push(Buffer.from('\n'));
+  assert.equal(lines.length, 1);
+  assert.equal(lines[0].length, 1024 * 1024);
+  const many = Buffer.from('{"v":1}\n'.repeat(2000));
+  assert.equal(s.push(many).length, 2000);
+  assert.equal(s.searched, 1024 * 1024 + 1 + many.length);
+});
+
+test('a line over 1 MiB is a bad response; multi-byte UTF-8 split across chunks survives', () => {
+  const s = new LineSplitter();
+  assert.throws(() => { for (let i = 0; i < 1100; i += 1) s.push(Buffer.alloc(1024, 0x62)); }, { code: 'bad-response' });
+  const t = new LineSplitter();
+  const text = Buffer.from('"\u00e9t\u00e9"\n');
+  assert.deepEqual([...t.push(text.subarray(0, 2)), ...t.push(text.subarray(2))], ['"été"']);
+});
+
+test('a large streamed reply (200 events of 256 KiB) arrives whole and in order', async () => {
+  const chunk = 'A'.repeat(256 * 1024);
+  await withServer((req, conn) => {
+    for (let i = 0; i < 200; i += 1) conn.write(line({ v: 1, id: req.id, event: { type: 'show.chunk', offset: i, data_b64: chunk } }));
+    conn.write(line({ v: 1, id: req.id, ok: true, result: { exists: true, size: 200 } }));
+  }, async (path) => {
+    let n = 0;
+    const result = await call(path, 'show', { path: 'f', stream: true }, { onEvent: (e) => { assert.equal(e.offset, n); assert.equal(e.data_b64.length, chunk.length); n += 1; } });
+    assert.equal(n, 200);
+    assert.deepEqual(result, { exists: true, size: 200 });
+  });
+});
+
+test('a socket owned by another uid is refused before a byte is sent', { skip: process.getuid() !== 0 && 'needs root to chown' }, async () => {
+  const seen = [];
+  let connections = 0;
+  const dir = mkdtempSync(join(tmpdir(), 'rwclient-'));
+  const path = join(dir, 's.sock');
+  const server = createServer((conn) => {
+    connections += 1;
+    conn.on('data', (d) => seen.push(d));
+  });
+  await new Promise((r) => server.listen(path, r));
+  try {
+    chownSync(path, 65534, 65534);
+    await assert.rejects(call(path, 'turn.begin', { session: 's', turn: 1, label: 'secret' }), { code: 'unsafe-socket' });
+    await new Promise((r) => setTimeout(r, 50));
+    assert.equal(connections, 0);
+    assert.deepEqual(seen, []);
+  } finally {
+    server.close();
+    rmSync(dir, { recursive: true, force: true });
+  }
 });
