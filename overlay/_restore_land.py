@@ -50,6 +50,13 @@ class NotEmpty(RewindfsError):
     exit_code = 1
 
 
+class Busy(RewindfsError):
+    """{path!r} is open for writing through the mount; left as it is (close it and rewind again)."""
+
+    code = "busy"
+    exit_code = 1
+
+
 class KindChanged(RewindfsError):
     """{path!r} changed kind while it was being restored; left as it is."""
 
@@ -294,6 +301,12 @@ def _set_symlink_meta(dir_fd: int, name: bytes, img) -> None:
 
 
 # -- landing ------------------------------------------------------------------------
+
+def is_temp_path(path: bytes) -> bool:
+    """True if a component of ``path`` is a restore temp name (``.rewindfs~…``): such a
+    path is never captured, listed, restored or counted."""
+    return path.startswith(TMP_PREFIX) or b"/" + TMP_PREFIX in path
+
 
 def temp_name(epoch_id: int) -> bytes:
     return TMP_PREFIX + b"%d~%s" % (epoch_id, secrets.token_hex(8).encode())

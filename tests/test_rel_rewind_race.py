@@ -1,0 +1,221 @@
+"""Writes and renames through the mount *while* a rewind lands (issue 12, items 2 and 3;
+DESIGN invariant 14: no acknowledged write is ever lost).
+
+The landing is paused deterministically after its k-th change by the test hook
+``REWINDFS_PAUSE_AFTER=k`` / ``REWINDFS_PAUSE_FILE`` (``overlay/_restore_land.py``):
+some files are staged under ``.rewindfs~`` temp names, none renamed into place yet.
+While it waits, the test acts through the mount like an agent would, then lets it go
+on.  A change the rewind is about to overwrite must either be refused with an errno
+(``EBUSY``/``EAGAIN``) or end up in a point; the rewind's temp names must never show
+through the mount, never reach a journal, and a later redo must create no junk.
+"""
+
+from __future__ import annotations
+
+import base64
+import errno
+import os
+import threading
+import time
+
+import pytest
+
+from mountkit import mounted
+
+pytestmark = pytest.mark.mount
+
+N = 30
+PAUSE_AFTER = 5
+AGENT = b"AGENT WRITE\n"
+_WAIT_S = 60.0
+
+
+def _ws_id(s, m):
+    return s.workspace(os.fsencode(os.path.realpath(m.ws)))
+
+
+def history(m) -> int:
+    """victim/f000..f029 made idle, all changed in turn 1; returns turn 1's epoch."""
+    d = m.ws / "victim"
+    d.mkdir()
+    for i in range(N):
+        (d / f"f{i:03d}").write_bytes(b"old %d\n" % i)
+    e1 = m.call("turn.begin", session="s1", turn=1, label="t1")["epoch"]
+    for i in range(N):
+        (d / f"f{i:03d}").write_bytes(b"changed %d\n" % i)
+    m.call("turn.end")
+    return e1
+
+
+class Paused:
+    """A rewind (or redo) over the socket in a thread, paused after its k-th change."""
+
+    def __init__(self, m, pause_file, method="rewind", **params):
+        self.m, self.pause_file, self.out = m, pause_file, []
+        self.thread = threading.Thread(target=self._run, args=(method, params), daemon=True)
+
+    def _run(self, method, params):
+        try:
+            self.out.append(self.m.call(method, **params))
+        except BaseException as exc:     # noqa: BLE001 - re-raised by result()
+            self.out.append(exc)
+
+    def __enter__(self):
+        self.thread.start()
+        deadline = time.monotonic() + _WAIT_S
+        while not os.path.exists(self.pause_file):
+            if self.out or time.monotonic() > deadline:
+                raise AssertionError(f"the rewind never paused: {self.out}")
+            time.sleep(0.01)
+        return self
+
+    def __exit__(self, *exc):
+        try:
+            os.unlink(self.pause_file)
+        except FileNotFoundError:
+            pass
+        self.thread.join(_WAIT_S * 2)
+
+    def result(self) -> dict:
+        assert self.out, "the rewind did not return"
+        if isinstance(self.out[0], BaseException):
+            raise self.out[0]
+        return self.out[0]
+
+
+def pause_env(tmp_path) -> tuple[dict, str]:
+    pause = str(tmp_path / "pause")
+    return {"REWINDFS_PAUSE_AFTER": str(PAUSE_AFTER), "REWINDFS_PAUSE_FILE": pause}, pause
+
+
+def reachable(m, rel: str, data: bytes) -> list[str]:
+    """Where ``data`` is ``rel``'s content: "now" and/or "eN" (the state at eN)."""
+    where = []
+    try:
+        if (m.ws / rel).read_bytes() == data:
+            where.append("now")
+    except FileNotFoundError:
+        pass
+    with m.open_store() as s:
+        epochs = [e.id for e in s.epochs(_ws_id(s, m))]
+    for eid in epochs:
+        r = m.call("show", point=f"e{eid}", path=rel)
+        if r["exists"] and base64.b64decode(r["content_b64"]) == data:
+            where.append(f"e{eid}")
+    return where
+
+
+def temp_names_in_journals(m) -> list:
+    with m.open_store() as s:
+        ws = _ws_id(s, m)
+        return [(e.id, p) for e in s.epochs(ws) for p, _img in s.journal(ws, e.id)
+                if any(c.startswith(b".rewindfs~") for c in p.split(b"/"))]
+
+
+def tree(root) -> list[bytes]:
+    out = []
+    for dirpath, dirs, files in os.walk(os.fsencode(root)):
+        out += [os.path.relpath(os.path.join(dirpath, n), os.fsencode(root))
+                for n in dirs + files]
+    return sorted(out)
+
+
+# -- item 2: a write during a rewind --------------------------------------------------
+
+def test_write_during_rewind_is_refused_or_kept_in_a_point(tmp_path):
+    env, pause = pause_env(tmp_path)
+    with mounted(tmp_path / "ws", tmp_path / "store", env=env) as m:
+        e1 = history(m)
+        victim = m.ws / "victim" / f"f{N - 1:03d}"      # landed last
+        with Paused(m, pause, to=f"e{e1}") as run:
+            shown = os.listdir(m.ws / "victim")
+            try:
+                with open(victim, "wb") as f:
+                    f.write(AGENT)
+                refused = None
+            except OSError as exc:
+                refused = exc.errno
+        res = run.result()
+        if refused is not None:
+            assert refused in (errno.EBUSY, errno.EAGAIN), os.strerror(refused)
+            assert res["failed"] == []
+            assert victim.read_bytes() == b"old %d\n" % (N - 1)
+            assert m.call("redo")["failed"] == []
+            assert victim.read_bytes() == b"changed %d\n" % (N - 1)
+        else:
+            # acknowledged: its bytes must be in a point, now and after a redo
+            assert reachable(m, f"victim/f{N - 1:03d}", AGENT), "acknowledged write lost"
+            assert m.call("redo")["failed"] == []
+            assert reachable(m, f"victim/f{N - 1:03d}", AGENT), "lost after redo"
+        # the rewind's temp names never show through the mount
+        assert [n for n in shown if n.startswith(".rewindfs~")] == [], shown
+
+
+def test_write_through_a_handle_open_before_the_rewind_is_not_lost(tmp_path):
+    """The writeback cache acknowledges write(2) before the daemon sees it; a file held
+    open for writing when the rewind starts must keep what is written through it."""
+    env, pause = pause_env(tmp_path)
+    with mounted(tmp_path / "ws", tmp_path / "store", env=env) as m:
+        e1 = history(m)
+        rel = f"victim/f{N - 1:03d}"
+        f = open(m.ws / rel, "r+b")
+        try:
+            with Paused(m, pause, to=f"e{e1}") as run:
+                try:
+                    f.seek(0)
+                    f.write(AGENT)
+                    f.truncate()
+                    f.flush()
+                    os.fsync(f.fileno())
+                    refused = None
+                except OSError as exc:
+                    refused = exc.errno
+        finally:
+            try:
+                f.close()
+            except OSError as exc:
+                refused = refused or exc.errno
+        res = run.result()
+        if refused is not None:
+            assert refused in (errno.EBUSY, errno.EAGAIN), os.strerror(refused)
+            return
+        assert reachable(m, rel, AGENT), f"acknowledged write lost: {res}"
+        # every other file was rewound: the rewind did its job around the busy file
+        assert (m.ws / "victim" / "f000").read_bytes() == b"old 0\n"
+        assert [f["path"] for f in res["failed"]] in ([], [rel]), res["failed"]
+        redo = m.call("redo")
+        assert reachable(m, rel, AGENT), f"lost after redo: {redo}"
+
+
+# -- item 3: a rename of the directory being landed into --------------------------------
+
+def test_rename_of_the_landing_dir_leaves_no_temp_names_and_redo_no_junk(tmp_path):
+    env, pause = pause_env(tmp_path)
+    with mounted(tmp_path / "ws", tmp_path / "store", env=env) as m:
+        e1 = history(m)
+        with Paused(m, pause, to=f"e{e1}") as run:
+            try:
+                os.rename(m.ws / "victim", m.ws / "victim2")
+                refused = None
+            except OSError as exc:
+                refused = exc.errno
+            try:
+                os.rmdir(m.ws / "victim")
+                rmdir_refused = None
+            except OSError as exc:
+                rmdir_refused = exc.errno
+        res = run.result()
+        assert refused in (None, errno.EBUSY), os.strerror(refused)
+        assert rmdir_refused in (errno.EBUSY, errno.ENOTEMPTY, errno.ENOENT)
+        assert temp_names_in_journals(m) == []
+        redo = m.call("redo")
+        assert temp_names_in_journals(m) == []
+        names = tree(m.ws)
+        assert [n for n in names if b".rewindfs~" in n] == [], names
+        files = [n for n in names if os.path.isfile(os.path.join(os.fsencode(m.ws), n))]
+        assert len(files) == N, (res, redo, files)
+        if refused == errno.EBUSY:
+            assert res["failed"] == [] and redo["failed"] == []
+            assert (m.ws / "victim" / "f000").read_bytes() == b"changed 0\n"
+        with m.open_store() as s:
+            assert s.fsck().ok
