@@ -219,3 +219,85 @@ def test_rename_of_the_landing_dir_leaves_no_temp_names_and_redo_no_junk(tmp_pat
             assert (m.ws / "victim" / "f000").read_bytes() == b"changed 0\n"
         with m.open_store() as s:
             assert s.fsck().ok
+
+
+# -- the fence, request by request ------------------------------------------------------
+
+def _errno_of(fn) -> int | None:
+    try:
+        fn()
+    except OSError as exc:
+        return exc.errno
+    return None
+
+
+def test_every_way_to_change_a_landing_path_is_refused_and_others_go_on(tmp_path):
+    env, pause = pause_env(tmp_path)
+    with mounted(tmp_path / "ws", tmp_path / "store", env=env) as m:
+        e1 = history(m)
+        v = m.ws / "victim"
+        last = v / f"f{N - 1:03d}"
+        with Paused(m, pause, to=f"e{e1}") as run:
+            # not in the plan: goes on, and is kept by the rewind
+            (v / "new-file").write_bytes(b"beside")
+            got = {
+                "unlink": _errno_of(lambda: os.unlink(v / "f001")),
+                "chmod": _errno_of(lambda: os.chmod(last, 0o600)),
+                "truncate": _errno_of(lambda: os.truncate(last, 0)),
+                "append": _errno_of(lambda: open(last, "ab").close()),
+                "setxattr": _errno_of(lambda: os.setxattr(last, "user.k", b"v")),
+                "utime": _errno_of(lambda: os.utime(last, ns=(1, 1))),
+                "rename-over": _errno_of(lambda: os.rename(v / "new-file", v / "f002")),
+                "rename-from": _errno_of(lambda: os.rename(v / "f003", m.ws / "moved")),
+                "link-to": _errno_of(lambda: os.link(last, m.ws / "twin")),
+                "rmdir-landing": _errno_of(lambda: os.rmdir(v)),
+                "temp-name": _errno_of(lambda: open(v / ".rewindfs~9~x", "wb").close()),
+            }
+            read_ok = last.read_bytes()
+        res = run.result()
+        want = dict.fromkeys(got, errno.EBUSY)
+        want["temp-name"] = errno.EPERM
+        want["rmdir-landing"] = got["rmdir-landing"] if got["rmdir-landing"] in (
+            errno.EBUSY, errno.ENOTEMPTY) else errno.EBUSY
+        assert got == want
+        assert read_ok == b"changed %d\n" % (N - 1)
+        assert res["failed"] == []
+        for i in range(N):
+            assert (v / f"f{i:03d}").read_bytes() == b"old %d\n" % i
+        assert (v / "new-file").read_bytes() == b"beside"
+        assert not (m.ws / "moved").exists() and not (m.ws / "twin").exists()
+        # the fence is lifted with the run
+        with open(last, "ab") as f:
+            f.write(b"after\n")
+        os.unlink(v / "f001")
+        assert temp_names_in_journals(m) == []
+
+
+def test_seeded_writes_at_random_moments_are_never_lost(tmp_path):
+    """Pause after a random k-th change (before, between and after the landings), write
+    one random file of the plan: refused, or its bytes in a point."""
+    import random
+    seeds = range(int(os.environ.get("REWINDFS_RACE_TRIALS", "6")))
+    failures = []
+    for seed in seeds:
+        rng = random.Random(seed)
+        k = rng.randrange(1, 2 * N)
+        rel = f"victim/f{rng.randrange(N):03d}"
+        data = b"AGENT %d\n" % seed
+        base = tmp_path / f"t{seed}"
+        base.mkdir()
+        pause = str(base / "pause")
+        env = {"REWINDFS_PAUSE_AFTER": str(k), "REWINDFS_PAUSE_FILE": pause}
+        with mounted(base / "ws", base / "store", env=env) as m:
+            e1 = history(m)
+            with Paused(m, pause, to=f"e{e1}") as run:
+                refused = _errno_of(lambda: (m.ws / rel).write_bytes(data))
+            run.result()
+            if refused is None:
+                ok = bool(reachable(m, rel, data))
+            else:
+                ok = refused in (errno.EBUSY, errno.EAGAIN)
+            if not ok:
+                failures.append((seed, k, rel, refused))
+    print(f"{len(seeds)} trials, {len(failures)} failures")
+    assert failures == []
