@@ -22,8 +22,6 @@ import pytest
 
 from mountkit import mounted
 
-pytestmark = pytest.mark.mount
-
 N = 30
 PAUSE_AFTER = 5
 AGENT = b"AGENT WRITE\n"
@@ -122,6 +120,7 @@ def tree(root) -> list[bytes]:
 
 # -- item 2: a write during a rewind --------------------------------------------------
 
+@pytest.mark.mount
 def test_write_during_rewind_is_refused_or_kept_in_a_point(tmp_path):
     env, pause = pause_env(tmp_path)
     with mounted(tmp_path / "ws", tmp_path / "store", env=env) as m:
@@ -151,6 +150,7 @@ def test_write_during_rewind_is_refused_or_kept_in_a_point(tmp_path):
         assert [n for n in shown if n.startswith(".rewindfs~")] == [], shown
 
 
+@pytest.mark.mount
 def test_write_through_a_handle_open_before_the_rewind_is_not_lost(tmp_path):
     """The writeback cache acknowledges write(2) before the daemon sees it; a file held
     open for writing when the rewind starts must keep what is written through it."""
@@ -189,6 +189,7 @@ def test_write_through_a_handle_open_before_the_rewind_is_not_lost(tmp_path):
 
 # -- item 3: a rename of the directory being landed into --------------------------------
 
+@pytest.mark.mount
 def test_rename_of_the_landing_dir_leaves_no_temp_names_and_redo_no_junk(tmp_path):
     env, pause = pause_env(tmp_path)
     with mounted(tmp_path / "ws", tmp_path / "store", env=env) as m:
@@ -231,6 +232,7 @@ def _errno_of(fn) -> int | None:
     return None
 
 
+@pytest.mark.mount
 def test_every_way_to_change_a_landing_path_is_refused_and_others_go_on(tmp_path):
     env, pause = pause_env(tmp_path)
     with mounted(tmp_path / "ws", tmp_path / "store", env=env) as m:
@@ -273,6 +275,7 @@ def test_every_way_to_change_a_landing_path_is_refused_and_others_go_on(tmp_path
         assert temp_names_in_journals(m) == []
 
 
+@pytest.mark.mount
 def test_seeded_writes_at_random_moments_are_never_lost(tmp_path):
     """Pause after a random k-th change (before, between and after the landings), write
     one random file of the plan: refused, or its bytes in a point."""
@@ -301,3 +304,34 @@ def test_seeded_writes_at_random_moments_are_never_lost(tmp_path):
                 failures.append((seed, k, rel, refused))
     print(f"{len(seeds)} trials, {len(failures)} failures")
     assert failures == []
+
+
+# -- temp names an older version recorded are never restored ----------------------------
+
+def test_temp_names_in_a_journal_are_never_planned_or_restored(tmp_path):
+    """An older version captured a rewind's staged ``.rewindfs~`` file as a real path
+    (a rename of the directory being landed into): no rewind or redo may bring it back,
+    list it or count it."""
+    from overlay._restore import apply_plan, plan_rewind
+    from overlay._capture import capture
+    from restorekit import open_history
+    with open_history(tmp_path) as h:
+        os.mkdir(h.p(b"d"))
+        h.write(b"d/a", b"v1")
+        e1 = h.turn(1)
+        h.write(b"d/a", b"v2")
+        junk = b"d/.rewindfs~9~0123456789abcdef"
+        with open(h.p(junk), "wb") as f:
+            f.write(b"staged")
+        capture(h.fd, h.store, h.ws, h.store.current_epoch(h.ws).id, [junk])
+        os.unlink(h.p(junk))
+        h.end_turn()
+        assert junk in dict(h.store.journal(h.ws, e1))      # the old damage is there
+        plan = plan_rewind(h.fd, h.store, h.ws, f"e{e1}")
+        assert junk not in plan.plan.paths
+        assert all(it.action.path != junk for it in plan.items)
+        res = apply_plan(h.fd, h.store, h.ws, plan, session=None)
+        assert res.failed == [] and res.counts["created"] == 0
+        assert sorted(os.listdir(h.p(b"d"))) == [b"a"]
+        with open(h.p(b"d/a"), "rb") as f:
+            assert f.read() == b"v1"
