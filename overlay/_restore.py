@@ -463,8 +463,8 @@ def _land_all(run: _Run, store_plan, items=None) -> RestoreResult:
         groups = _Groups()
         items = [PlannedAction(a, _classify(run.dirs, a, run.rules, groups, run.store))
                  for a in store_plan]
-    _fence(run, items)
     try:
+        _fence(run, items)
         if run.writers is not None:
             replaced = [it.action.path for it in items if _stageable(it.action, it.change)
                         and it.action.path not in run.uncaptured]
