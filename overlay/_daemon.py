@@ -97,9 +97,9 @@ class DaemonContext:
     def unfence_writes(self, key: tuple[int, int]) -> None:
         self._on_trio(self.fs.unfence_writes, key)
 
-    def fence_rewind(self, paths) -> list[bytes]:
+    def fence_rewind(self, entries) -> list[bytes]:
         """``RewindOperations.fence_rewind`` from the restore engine's worker thread."""
-        return self._on_trio(self.fs.fence_rewind, paths)
+        return self._on_trio(self.fs.fence_rewind, entries)
 
     def unfence_rewind(self) -> None:
         self._on_trio(self.fs.unfence_rewind)

@@ -746,13 +746,16 @@ class RewindOperations(pyfuse3.Operations):
 
     # -- the fence of a running rewind -----------------------------------------------
 
-    def fence_rewind(self, paths) -> list[bytes]:
+    def fence_rewind(self, entries) -> list[bytes]:
         """Fence every path of a rewind's plan until ``unfence_rewind`` (DESIGN
         invariant 14: a write the landing would overwrite is refused, never acknowledged
-        and then destroyed).  Returns the paths left out: those whose file is open for
-        writing through the mount now (with the writeback cache its writes may still be
-        on their way, and land in that inode whatever name it has) — the rewind must
-        leave those alone.
+        and then destroyed).  ``entries``: ``(path, (dev, ino) or None)`` — the inode
+        each path names now, looked up by the caller (the restore engine's worker, with
+        its own dir fds: the trio thread only does set work here).  Returns the paths
+        left out: those open for writing through the mount now — by that name, or by
+        another name of that inode — because with the writeback cache their writes may
+        still be on their way, and land in that inode whatever name it has; the rewind
+        must leave those alone.
 
         Meanwhile, through the mount: ``open`` for writing or with ``O_TRUNC``,
         ``truncate``, ``chmod``/``chown``/``utimes``, ``setxattr``/``removexattr`` of an
@@ -761,19 +764,18 @@ class RewindOperations(pyfuse3.Operations):
         ``rmdir`` of, a fenced path or any directory above one (the directories being
         landed into) — all answer ``EBUSY``.  Reads, and changes elsewhere, go on.
         Runs on the trio thread, like every handler: no request interleaves."""
-        writable = {_key_of(os.fstat(fd)) for fd in self.handles
-                    if fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE != os.O_RDONLY}
+        wkeys, wnames = set(), set()
+        for fd, node in self.handles.items():
+            if fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE != os.O_RDONLY:
+                wkeys.add(_key_of(os.fstat(fd)))
+                wnames.update(node.paths)
         held = []
-        for path in paths:
-            try:
-                st = self._lstat(path)
-            except (OSError, RewindfsError):
-                st = None
-            if st is not None:
-                if _key_of(st) in writable:
-                    held.append(path)
-                    continue
-                self.busy_keys.add(_key_of(st))
+        for path, key in entries:
+            if path in wnames or key in wkeys:
+                held.append(path)
+                continue
+            if key is not None:
+                self.busy_keys.add(key)
             self.busy.add(path)
             head = path.rpartition(b"/")[0]
             while head and head not in self.busy_dirs:

@@ -490,8 +490,8 @@ def _fence(run: _Run, items) -> None:
     inode it is — a file renamed over it would swallow them."""
     if run.fence is None:
         return
-    held = set(run.fence.fence_rewind([it.action.path for it in items
-                                       if it.change != "ignored"]))
+    held = set(run.fence.fence_rewind([(it.action.path, _inode_of(run.dirs, it.action.path))
+                                       for it in items if it.change != "ignored"]))
     for it in items:
         if it.action.path not in held:
             continue
@@ -499,6 +499,19 @@ def _fence(run: _Run, items) -> None:
             run.held.add(it.action.path)
         else:
             run.uncaptured[it.action.path] = L.Busy(path=it.action.path)
+
+
+def _inode_of(dirs: DirCache, path: bytes) -> tuple[int, int] | None:
+    """(dev, ino) that ``path`` names now, or None (absent, unreachable)."""
+    try:
+        dir_fd, name = dirs.parent(path) if path else (dirs.root_fd, None)
+        st = os.fstat(dir_fd) if name is None else L.lstat_at(dir_fd, name)
+    except (OSError, RewindfsError):
+        return None
+    finally:
+        if dirs.full:
+            dirs.trim()
+    return None if st is None else (st.st_dev, st.st_ino)
 
 
 def _settle_adopted(run: _Run, result: RestoreResult) -> None:
