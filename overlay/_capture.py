@@ -33,6 +33,9 @@ from store._errors import PathEscape
 from store._preimage import PreImage
 
 from ._resolve import open_dir, open_parent, parent_of
+from ._restore_land import TMP_PREFIX
+
+_TMP_NAME = os.fsdecode(TMP_PREFIX)
 
 log = logging.getLogger(__name__)
 
@@ -314,7 +317,8 @@ def rename_paths(root_fd: int, old: bytes, new: bytes, old_is_dir: bool,
 
 def subtree(root_fd: int, relpath: bytes, is_dir: bool | None = None):
     """Yield ``(path, is_dir)`` for *relpath* and, if it is a real directory, every path
-    below it (pre-order).  Symlinks are listed, never entered; vanished paths are skipped.
+    below it (pre-order).  Symlinks are listed, never entered; vanished paths are skipped,
+    and so are a rewind's temp names (``.rewindfs~…``, never part of the tree).
     """
     if is_dir is None:
         try:
@@ -334,6 +338,8 @@ def subtree(root_fd: int, relpath: bytes, is_dir: bool | None = None):
             dfd, base = stack.pop()
             try:
                 for entry in os.scandir(dfd):
+                    if entry.name.startswith(_TMP_NAME):
+                        continue    # a running rewind's temp file: never captured
                     child = (base + b"/" if base else b"") + os.fsencode(entry.name)
                     sub = entry.is_dir(follow_symlinks=False)
                     yield child, sub

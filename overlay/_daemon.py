@@ -97,6 +97,13 @@ class DaemonContext:
     def unfence_writes(self, key: tuple[int, int]) -> None:
         self._on_trio(self.fs.unfence_writes, key)
 
+    def fence_rewind(self, entries) -> list[bytes]:
+        """``RewindOperations.fence_rewind`` from the restore engine's worker thread."""
+        return self._on_trio(self.fs.fence_rewind, entries)
+
+    def unfence_rewind(self) -> None:
+        self._on_trio(self.fs.unfence_rewind)
+
     def request_unmount(self) -> None:
         self._unmount_pending = True
 

@@ -21,6 +21,13 @@ itself durable) — first calls ``store.sync()``; it writes only when a pre-imag
 committed since the last sync.  If that fails the request fails with ``EIO`` and the
 real file is not synced.
 
+While a rewind lands, every path of its plan is fenced (``fence_rewind``, DESIGN
+invariant 14): a change through the mount that the landing could overwrite is answered
+``EBUSY`` instead of being acknowledged and then destroyed (docs/concurrency.md).  The
+rewind's own temp names (``.rewindfs~…``) do not exist through the mount: lookup says
+``ENOENT``, readdir leaves them out, creating or renaming to such a name is ``EPERM``,
+and they are never captured.
+
 "Already captured" is an in-memory set per epoch (reset by ``set_epoch``) plus a
 per-inode token so a write to an already captured file costs one identity check.
 
@@ -50,6 +57,7 @@ from ._ignore import IGNORE_FILE, IgnoreRules
 from ._inodes import InodeTable, child
 from ._notify import Notifier
 from ._resolve import open_parent, split
+from ._restore_land import TMP_PREFIX
 
 log = logging.getLogger(__name__)
 
@@ -138,6 +146,11 @@ class RewindOperations(pyfuse3.Operations):
         self.notifier = Notifier()
         self.stats = {"captures": 0, "capture_errors": 0}
         self.fenced: set[tuple[int, int]] = set()   # real inodes no one may open to write
+        # The running rewind's fence (fence_rewind): its plan's paths, their ancestor
+        # directories, and the inodes those paths named when it began.
+        self.busy: set[bytes] = set()
+        self.busy_dirs: set[bytes] = set()
+        self.busy_keys: set[tuple[int, int]] = set()
 
     # -- epochs and capture --------------------------------------------------------
 
@@ -257,6 +270,8 @@ class RewindOperations(pyfuse3.Operations):
 
     @_handler
     def lookup(self, parent_inode, name, ctx):
+        if name.startswith(TMP_PREFIX):
+            raise FUSEError(errno.ENOENT)   # a rewind's temp file: not part of the tree
         path = self._new_path(parent_inode, name)
         try:
             st = self._lstat(path)
@@ -290,6 +305,8 @@ class RewindOperations(pyfuse3.Operations):
                       fields.update_gid, fields.update_atime, fields.update_mtime,
                       fields.update_ctime)
         if not self._time_push(node, attr, fields):
+            if self.busy:
+                self._refuse_busy_node(node)
             self._guard_node(node)
         if node is self.table.root:
             return self._setattr_fd(node, attr, fields, self.root_fd)
@@ -387,9 +404,19 @@ class RewindOperations(pyfuse3.Operations):
     def _new_path(self, parent_inode, name) -> bytes:
         return child(self._path(self.table[parent_inode]), name)
 
+    def _new_name(self, parent_inode, name) -> bytes:
+        """``_new_path`` for a name about to be made: not a rewind temp name (``EPERM``),
+        not a path the running rewind lands (``EBUSY``)."""
+        if name.startswith(TMP_PREFIX):
+            raise FUSEError(errno.EPERM)
+        path = self._new_path(parent_inode, name)
+        if path in self.busy:
+            raise FUSEError(errno.EBUSY)
+        return path
+
     @_handler
     def mknod(self, parent_inode, name, mode, rdev, ctx):
-        path = self._new_path(parent_inode, name)
+        path = self._new_name(parent_inode, name)
         self._guard([(path, False)])
         with self._parent(path) as (fd, n):
             os.mknod(n, mode, rdev, dir_fd=fd)
@@ -397,7 +424,7 @@ class RewindOperations(pyfuse3.Operations):
 
     @_handler
     def mkdir(self, parent_inode, name, mode, ctx):
-        path = self._new_path(parent_inode, name)
+        path = self._new_name(parent_inode, name)
         self._guard([(path, True)])
         with self._parent(path) as (fd, n):
             os.mkdir(n, stat.S_IMODE(mode), dir_fd=fd)
@@ -405,7 +432,7 @@ class RewindOperations(pyfuse3.Operations):
 
     @_handler
     def symlink(self, parent_inode, name, target, ctx):
-        path = self._new_path(parent_inode, name)
+        path = self._new_name(parent_inode, name)
         self._guard([(path, False)])
         with self._parent(path) as (fd, n):
             os.symlink(target, n, dir_fd=fd)
@@ -415,7 +442,9 @@ class RewindOperations(pyfuse3.Operations):
     def link(self, inode, new_parent_inode, new_name, ctx):
         node = self.table[inode]
         src = self._path(node)
-        new = self._new_path(new_parent_inode, new_name)
+        new = self._new_name(new_parent_inode, new_name)
+        if self.busy:
+            self._refuse_busy_node(node)
         self._guard([(new, False)])
         with self._parent(src) as (sfd, sname), self._parent(new) as (dfd, dname):
             os.link(sname, dname, src_dir_fd=sfd, dst_dir_fd=dfd, follow_symlinks=False)
@@ -427,6 +456,8 @@ class RewindOperations(pyfuse3.Operations):
     @_handler
     def unlink(self, parent_inode, name, ctx):
         path = self._new_path(parent_inode, name)
+        if path in self.busy:
+            raise FUSEError(errno.EBUSY)
         st = self._lstat(path)
         self._guard([(path, False), *self._other_names(st)])
         with self._parent(path) as (fd, n):
@@ -438,6 +469,8 @@ class RewindOperations(pyfuse3.Operations):
     @_handler
     def rmdir(self, parent_inode, name, ctx):
         path = self._new_path(parent_inode, name)
+        if self.busy:
+            self._refuse_busy_tree(path)
         self._guard([(path, True)])
         with self._parent(path) as (fd, n):
             os.rmdir(n, dir_fd=fd)
@@ -446,7 +479,12 @@ class RewindOperations(pyfuse3.Operations):
     @_handler
     def rename(self, parent_old, name_old, parent_new, name_new, flags, ctx):
         old = self._new_path(parent_old, name_old)
+        if name_new.startswith(TMP_PREFIX):
+            raise FUSEError(errno.EPERM)
         new = self._new_path(parent_new, name_new)
+        if self.busy:   # a directory being landed into stays where it is
+            self._refuse_busy_tree(old)
+            self._refuse_busy_tree(new)
         st_old = self._lstat(old)
         try:
             st_new = self._lstat(new)
@@ -508,8 +546,11 @@ class RewindOperations(pyfuse3.Operations):
     def open(self, inode, flags, ctx):
         node = self.table[inode]
         path = self._path(node)
-        if self.fenced and (flags & os.O_TRUNC or flags & os.O_ACCMODE != os.O_RDONLY):
-            self._refuse_fenced(path)
+        if flags & os.O_TRUNC or flags & os.O_ACCMODE != os.O_RDONLY:
+            if self.fenced:
+                self._refuse_fenced(path)
+            if self.busy:
+                self._refuse_busy_node(node)
         if flags & os.O_TRUNC or (self.enable_writeback_cache
                                   and flags & os.O_ACCMODE != os.O_RDONLY):
             # With the writeback cache a write(2) returns before we see it, so the
@@ -522,7 +563,7 @@ class RewindOperations(pyfuse3.Operations):
 
     @_handler
     def create(self, parent_inode, name, mode, flags, ctx):
-        path = self._new_path(parent_inode, name)
+        path = self._new_name(parent_inode, name)
         if self.fenced:
             self._refuse_fenced(path)   # O_CREAT without O_EXCL opens an existing file
         self._guard([(path, False)])
@@ -589,7 +630,8 @@ class RewindOperations(pyfuse3.Operations):
             with self._parent(path) as (fd, name):
                 dfd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | _OPEN_ADD, dir_fd=fd)
         try:
-            names = [os.fsencode(n) for n in os.listdir(dfd)]
+            names = [n for n in map(os.fsencode, os.listdir(dfd))
+                     if not n.startswith(TMP_PREFIX)]    # a rewind's temp files
         except BaseException:
             os.close(dfd)
             raise
@@ -668,6 +710,8 @@ class RewindOperations(pyfuse3.Operations):
     @_handler
     def setxattr(self, inode, name, value, ctx):
         node = self.table[inode]
+        if self.busy:
+            self._refuse_busy_node(node)
         self._guard_node(node)
         with self._xpath(node) as (p, kw):
             os.setxattr(p, name, value, 0, **kw)
@@ -675,6 +719,8 @@ class RewindOperations(pyfuse3.Operations):
     @_handler
     def removexattr(self, inode, name, ctx):
         node = self.table[inode]
+        if self.busy:
+            self._refuse_busy_node(node)
         self._guard_node(node)
         with self._xpath(node) as (p, kw):
             try:
@@ -713,6 +759,58 @@ class RewindOperations(pyfuse3.Operations):
         except OSError:
             return
         if _key_of(st) in self.fenced:
+            raise FUSEError(errno.EBUSY)
+
+    # -- the fence of a running rewind -----------------------------------------------
+
+    def fence_rewind(self, entries) -> list[bytes]:
+        """Fence every path of a rewind's plan until ``unfence_rewind`` (DESIGN
+        invariant 14: a write the landing would overwrite is refused, never acknowledged
+        and then destroyed).  ``entries``: ``(path, (dev, ino) or None)`` — the inode
+        each path names now, looked up by the caller (the restore engine's worker, with
+        its own dir fds: the trio thread only does set work here).  Returns the paths
+        left out: those open for writing through the mount now — by that name, or by
+        another name of that inode — because with the writeback cache their writes may
+        still be on their way, and land in that inode whatever name it has; the rewind
+        must leave those alone.
+
+        Meanwhile, through the mount: ``open`` for writing or with ``O_TRUNC``,
+        ``truncate``, ``chmod``/``chown``/``utimes``, ``setxattr``/``removexattr`` of an
+        inode a fenced path named, and ``link`` to it; ``create``/``mknod``/``mkdir``/
+        ``symlink``/``link``/``unlink`` of a fenced name; ``rename`` from or to, and
+        ``rmdir`` of, a fenced path or any directory above one (the directories being
+        landed into) — all answer ``EBUSY``.  Reads, and changes elsewhere, go on.
+        Runs on the trio thread, like every handler: no request interleaves."""
+        wkeys, wnames = set(), set()
+        for fd, node in self.handles.items():
+            if fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE != os.O_RDONLY:
+                wkeys.add(_key_of(os.fstat(fd)))
+                wnames.update(node.paths)
+        held = []
+        for path, key in entries:
+            if path in wnames or key in wkeys:
+                held.append(path)
+                continue
+            if key is not None:
+                self.busy_keys.add(key)
+            self.busy.add(path)
+            head = path.rpartition(b"/")[0]
+            while head and head not in self.busy_dirs:
+                self.busy_dirs.add(head)
+                head = head.rpartition(b"/")[0]
+        return held
+
+    def unfence_rewind(self) -> None:
+        self.busy.clear()
+        self.busy_dirs.clear()
+        self.busy_keys.clear()
+
+    def _refuse_busy_node(self, node) -> None:
+        if node.key in self.busy_keys or any(p in self.busy for p in node.paths):
+            raise FUSEError(errno.EBUSY)
+
+    def _refuse_busy_tree(self, path: bytes) -> None:
+        if path in self.busy or path in self.busy_dirs:
             raise FUSEError(errno.EBUSY)
 
     # -- cache invalidation for the restore engine ----------------------------------

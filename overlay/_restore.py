@@ -33,6 +33,13 @@ Contracts (DESIGN invariants 3–6, 11):
   store is damaged (``Plan.damaged``, code ``index-corrupt``) or whose blob is corrupt.
 - Unchanged paths are skipped (no capture, no write): a second identical rewind is a
   no-op, and the recovery after a crash only touches what is still wrong.
+- No acknowledged write is lost (invariant 14): with a daemon's ``fence``
+  (``fence_rewind``/``unfence_rewind``) every path of the plan is fenced before the
+  precapture and until the run has landed — a change through the mount that the
+  landing could overwrite is refused with ``EBUSY``, so the precapture records the last
+  acknowledged state.  A path whose file is open for writing through the mount when the
+  run begins is left alone (failure code ``busy``, exit 1).  Restore temp names
+  (``.rewindfs~…``) that reached a journal are never planned or landed.
 - Large files: with a daemon's write fence (``writers``) the pre-image of a large plain
   file the run replaces is the file's own inode, adopted by the store instead of copied
   (``_restore_adopt``: fenced against writers until its workspace name is gone; any
@@ -47,6 +54,7 @@ Blocking and synchronous; the daemon runs it in a worker thread.  Test hook:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import functools
 import logging
@@ -200,7 +208,7 @@ def plan_rewind(root_fd: int, store, ws: int, to, *, paths=None,
     (content is hashed, nothing is stored)."""
     requested = None if paths is None else [check_relpath(p) for p in paths]
     target = store.resolve_point(ws, to, session)
-    plan = store.plan(ws, target, requested)
+    plan = _without_temps(store.plan(ws, target, requested))
     rules, groups, items = IgnoreRules.load(root_fd), _Groups(), []
     dirs = _dir_cache(root_fd)
     try:
@@ -210,6 +218,17 @@ def plan_rewind(root_fd: int, store, ws: int, to, *, paths=None,
         dirs.close()
     return RewindPlan(target, plan, items, _foreign(store, ws, target, requested, session),
                       requested)
+
+
+def _without_temps(plan: Plan) -> Plan:
+    """``plan`` without the restore temp names (``.rewindfs~…``) an older version could
+    capture: they are never restored, deleted or counted."""
+    if not any(L.is_temp_path(p) for p in plan.paths):
+        return plan
+    return dataclasses.replace(
+        plan, actions=[a for a in plan.actions if not L.is_temp_path(a.path)],
+        paths={p for p in plan.paths if not L.is_temp_path(p)},
+        damaged={p: r for p, r in plan.damaged.items() if not L.is_temp_path(p)})
 
 
 def _classify(dirs: DirCache, action, rules, groups, store) -> str:
@@ -282,6 +301,8 @@ class _Run:
     staged_bytes: int = 0
     writers: object = None      # fence_writes/unfence_writes of a daemon: lets us adopt
     adopter: Adopter | None = None
+    fence: object = None        # fence_rewind/unfence_rewind of a daemon (invariant 14)
+    held: set = field(default_factory=set)   # unchanged paths open for writing: skipped
 
 
 @dataclass
@@ -346,10 +367,12 @@ def _adopt_group(run: _Run, img) -> None:
             return
 
 
-def _new_run(root_fd, store, ws, epoch_id, progress, invalidate, writers=None) -> _Run:
+def _new_run(root_fd, store, ws, epoch_id, progress, invalidate, writers=None,
+             fence=None) -> _Run:
     rules = IgnoreRules.load(root_fd)
     return _Run(root_fd, store, ws, epoch_id, progress, invalidate, rules,
-                _dir_cache(root_fd), InodeIndex(root_fd, rules), writers=writers)
+                _dir_cache(root_fd), InodeIndex(root_fd, rules), writers=writers,
+                fence=fence)
 
 
 def _precapture(run: _Run, paths: list[bytes]) -> None:
@@ -427,7 +450,7 @@ def _capture_all(run: _Run, todo: list[bytes]) -> None:
 
 def apply_plan(root_fd: int, store, ws: int, plan, *, session: str | None,
                progress=None, invalidate=None, force: bool = False,
-               epoch_changed=None, writers=None) -> RestoreResult:
+               epoch_changed=None, writers=None, fence=None) -> RestoreResult:
     """Apply ``plan`` (a ``RewindPlan`` or a store ``Plan``) as a new ``rewind`` epoch
     attributed to ``session``.  ``progress(event)`` gets ``{"type": "rewind.written" |
     "rewind.deleted" | "rewind.failed", "path": bytes, …}``; ``invalidate(relpath)`` is
@@ -435,8 +458,10 @@ def apply_plan(root_fd: int, store, ws: int, plan, *, session: str | None,
     opens and right after it closes (the filesystem re-reads its current epoch).
     ``writers`` (the daemon: ``fence_writes``/``unfence_writes``) lets the run adopt a
     large file it replaces as its pre-image blob instead of copying it
-    (``_restore_adopt``); without it every pre-image is a copy.  See the module
-    contract for ordering."""
+    (``_restore_adopt``); without it every pre-image is a copy.  ``fence`` (the
+    daemon: ``fence_rewind``/``unfence_rewind``) refuses changes through the mount to
+    the plan's paths while the run lands them (invariant 14); without it (an unmounted
+    workspace) there is no mount to fence.  See the module contract for ordering."""
     store_plan = plan.plan if isinstance(plan, RewindPlan) else plan
     requested = plan.requested if isinstance(plan, RewindPlan) else sorted(store_plan.paths)
     turn = store.open_turn(ws)
@@ -448,7 +473,7 @@ def apply_plan(root_fd: int, store, ws: int, plan, *, session: str | None,
     store.put_intent(ws, {"v": 1, "epoch": epoch.id, "target": store_plan.target,
                           "paths": requested, "session": session})
     items = plan.items if isinstance(plan, RewindPlan) else None
-    run = _new_run(root_fd, store, ws, epoch.id, progress, invalidate, writers)
+    run = _new_run(root_fd, store, ws, epoch.id, progress, invalidate, writers, fence)
     try:
         result = _land_all(run, store_plan, items)
     finally:
@@ -482,18 +507,56 @@ def _land_all(run: _Run, store_plan, items=None) -> RestoreResult:
         groups = _Groups()
         items = [PlannedAction(a, _classify(run.dirs, a, run.rules, groups, run.store))
                  for a in store_plan]
-    if run.writers is not None:
-        replaced = [it.action.path for it in items if _stageable(it.action, it.change)]
-        run.adopter = Adopter(run.store, run.writers, replaced)
     try:
-        _precapture(run, [it.action.path for it in items
-                          if it.change not in ("unchanged", "ignored")])
-        run.store.sync()     # durable before durable (invariant 12): see the contract
-        _land_actions(run, store_plan, result)
+        _fence(run, items)
+        if run.writers is not None:
+            replaced = [it.action.path for it in items if _stageable(it.action, it.change)
+                        and it.action.path not in run.uncaptured]
+            run.adopter = Adopter(run.store, run.writers, replaced)
+        try:
+            _precapture(run, [it.action.path for it in items
+                              if it.change not in ("unchanged", "ignored")
+                              and it.action.path not in run.uncaptured])
+            run.store.sync()     # durable before durable (invariant 12): see the contract
+            _land_actions(run, store_plan, result)
+        finally:
+            _settle_adopted(run, result)
     finally:
-        _settle_adopted(run, result)
+        if run.fence is not None:
+            run.fence.unfence_rewind()
     _fsync_dirs(run)
     return result
+
+
+def _fence(run: _Run, items) -> None:
+    """Fence the plan's paths in the daemon before the precapture (module contract).
+    A path whose file is open for writing through the mount is left out of the run:
+    its writes may still be in the kernel's writeback cache, and would go to whatever
+    inode it is — a file renamed over it would swallow them."""
+    if run.fence is None:
+        return
+    held = set(run.fence.fence_rewind([(it.action.path, _inode_of(run.dirs, it.action.path))
+                                       for it in items if it.change != "ignored"]))
+    for it in items:
+        if it.action.path not in held:
+            continue
+        if it.change == "unchanged":
+            run.held.add(it.action.path)
+        else:
+            run.uncaptured[it.action.path] = L.Busy(path=it.action.path)
+
+
+def _inode_of(dirs: DirCache, path: bytes) -> tuple[int, int] | None:
+    """(dev, ino) that ``path`` names now, or None (absent, unreachable)."""
+    try:
+        dir_fd, name = dirs.parent(path) if path else (dirs.root_fd, None)
+        st = os.fstat(dir_fd) if name is None else L.lstat_at(dir_fd, name)
+    except (OSError, RewindfsError):
+        return None
+    finally:
+        if dirs.full:
+            dirs.trim()
+    return None if st is None else (st.st_dev, st.st_ino)
 
 
 def _settle_adopted(run: _Run, result: RestoreResult) -> None:
@@ -510,6 +573,9 @@ def _land_actions(run: _Run, store_plan, result: RestoreResult) -> None:
     for action in store_plan:
         if _is_ignored(run.rules, action):
             result.counts["ignored"] += 1
+            continue
+        if action.path in run.held:
+            result.counts["unchanged"] += 1
             continue
         if action.op == "meta" or action.image.link_group is not None or run.dirs.full:
             # A directory's mtime is set after every rename into it; a hard link needs
@@ -728,7 +794,7 @@ def _fsync_dirs(run: _Run) -> None:
 # -- recovery -----------------------------------------------------------------------
 
 def recover(root_fd: int, store, ws: int, *, progress=None, invalidate=None,
-            epoch_changed=None) -> RestoreResult | None:
+            epoch_changed=None, fence=None) -> RestoreResult | None:
     """Finish an interrupted rewind from its intent (roll forward), then clear it.
 
     Returns ``None`` without an intent.  Re-plans the intent's point and lands what is
@@ -741,9 +807,9 @@ def recover(root_fd: int, store, ws: int, *, progress=None, invalidate=None,
     current = store.current_epoch(ws)
     still_open = current.id == rewind_id and current.kind == "rewind"
     log.warning("recovering interrupted rewind (epoch %s, to point %s)", rewind_id, target)
-    plan = store.plan(ws, target, intent.get("paths"))
+    plan = _without_temps(store.plan(ws, target, intent.get("paths")))
     run = _new_run(root_fd, store, ws, rewind_id if still_open else current.id, progress,
-                   invalidate)
+                   invalidate, fence=fence)
     try:
         _sweep(run.dirs, plan)
         result = _land_all(run, plan, None)

@@ -15,6 +15,10 @@ workspace.  Contracts:
 - ``fault_step()`` is called after every change that reaches the disk.  It implements
   the test hook ``REWINDFS_FAULT_AFTER=k``: the process SIGKILLs itself right after the
   k-th change (k ≥ 1) — used by the crash tests, inert when the variable is unset.
+  A second test hook, ``REWINDFS_PAUSE_AFTER=k`` with ``REWINDFS_PAUSE_FILE=path``,
+  pauses the landing once per process right after its k-th change: it creates
+  ``path`` and waits (at most 120 s) until the test removes it — the race tests use it
+  to act through the mount in the middle of a rewind (tests/test_rel_rewind_race.py).
 """
 
 from __future__ import annotations
@@ -46,6 +50,13 @@ class NotEmpty(RewindfsError):
     exit_code = 1
 
 
+class Busy(RewindfsError):
+    """{path!r} is open for writing through the mount; left as it is (close it and rewind again)."""
+
+    code = "busy"
+    exit_code = 1
+
+
 class KindChanged(RewindfsError):
     """{path!r} changed kind while it was being restored; left as it is."""
 
@@ -56,21 +67,40 @@ class KindChanged(RewindfsError):
 # -- fault injection (tests only) --------------------------------------------------
 
 class _Fault:
-    """Counts changes; SIGKILLs the process after the k-th one (``REWINDFS_FAULT_AFTER``)."""
+    """Counts changes; SIGKILLs the process after the k-th one (``REWINDFS_FAULT_AFTER``)
+    or pauses once after the k-th one (``REWINDFS_PAUSE_AFTER``, ``REWINDFS_PAUSE_FILE``)."""
+
+    _PAUSE_MAX_S = 120.0
 
     def __init__(self):
         self.left = None
+        self.pause_left = None
+        self.paused = False
 
     def arm(self) -> None:
         raw = os.environ.get("REWINDFS_FAULT_AFTER")
         self.left = int(raw) if raw else None
+        raw = os.environ.get("REWINDFS_PAUSE_AFTER")
+        self.pause_left = int(raw) if raw and not self.paused else None
 
     def step(self) -> None:
+        if self.pause_left is not None:
+            self.pause_left -= 1
+            if self.pause_left <= 0:
+                self.pause_left, self.paused = None, True
+                self._pause(os.environ["REWINDFS_PAUSE_FILE"])
         if self.left is None:
             return
         self.left -= 1
         if self.left <= 0:
             os.kill(os.getpid(), signal.SIGKILL)
+
+    def _pause(self, path: str) -> None:
+        with open(path, "x"):
+            pass
+        deadline = time.monotonic() + self._PAUSE_MAX_S
+        while os.path.exists(path) and time.monotonic() < deadline:
+            time.sleep(0.01)
 
 
 FAULT = _Fault()
@@ -271,6 +301,12 @@ def _set_symlink_meta(dir_fd: int, name: bytes, img) -> None:
 
 
 # -- landing ------------------------------------------------------------------------
+
+def is_temp_path(path: bytes) -> bool:
+    """True if a component of ``path`` is a restore temp name (``.rewindfs~…``): such a
+    path is never captured, listed, restored or counted."""
+    return path.startswith(TMP_PREFIX) or b"/" + TMP_PREFIX in path
+
 
 def temp_name(epoch_id: int) -> bytes:
     return TMP_PREFIX + b"%d~%s" % (epoch_id, secrets.token_hex(8).encode())

@@ -125,7 +125,8 @@ def _run_rewind(ctx, make_plan, *, dry_run: bool, session, force: bool, send) ->
         # An earlier rewind of this workspace broke off: finish it before planning anew.
         _restore.recover(ctx.root_fd, ctx.store, ctx.ws,
                          invalidate=getattr(ctx, "invalidate", None),
-                         epoch_changed=getattr(ctx, "epoch_changed", None))
+                         epoch_changed=getattr(ctx, "epoch_changed", None),
+                         fence=_fence(ctx))
     plan = make_plan()
     summary = plan_dict(plan, with_changes=dry_run)     # built once: event and reply
     send({"type": "rewind.planned", "dry_run": dry_run, **summary})
@@ -135,7 +136,7 @@ def _run_rewind(ctx, make_plan, *, dry_run: bool, session, force: bool, send) ->
         ctx.root_fd, ctx.store, ctx.ws, plan, session=session, force=force,
         progress=lambda ev: send(events_of(ev)), invalidate=getattr(ctx, "invalidate", None),
         epoch_changed=getattr(ctx, "epoch_changed", None),
-        writers=_writers(ctx))
+        writers=_writers(ctx), fence=_fence(ctx))
     done = {**result.to_dict(), "exit_code": result.exit_code}
     send({"type": "rewind.done", **done, "failed": len(result.failed)})
     return {**done, "foreign": summary["foreign"]}
@@ -147,6 +148,12 @@ def _writers(ctx):
     if not hasattr(ctx, "fence_writes") or os.environ.get("REWINDFS_ADOPT") == "0":
         return None
     return ctx
+
+
+def _fence(ctx):
+    """A daemon fences the plan's paths against changes through the mount while the
+    run lands (DESIGN invariant 14); the CLI on an unmounted workspace has no mount."""
+    return ctx if hasattr(ctx, "fence_rewind") else None
 
 
 def rewind_sync(ctx, params: dict, send) -> dict:

@@ -315,35 +315,41 @@ def test_mount_rewind_and_redo_adopt(tmp_path):
 
 
 @pytest_mount
-def test_mount_open_writer_means_copy(tmp_path):
-    """A handle open for writing through the mount: the daemon refuses the fence, the
-    pre-image is a copy, and writes through that handle afterwards go to the replaced
-    inode, never into the store."""
+def test_mount_open_writer_means_busy_then_copy(tmp_path):
+    """A handle open for writing through the mount when the rewind begins: the rewind
+    leaves that file alone (``busy``, exit 1: its writes, maybe still in the writeback
+    cache, would go to whatever inode it is — DESIGN invariant 14), so a write through
+    the handle afterwards is kept; the next rewind, once it is closed, lands it and
+    its pre-image holds that write."""
     ws, old = _mount_history(tmp_path)
     real = os.open(ws, os.O_RDONLY | os.O_DIRECTORY)
     try:
         with mounted(ws, tmp_path / "store") as m:
-            new, inode = _change_in_turn(m, ws, real)
+            new, _inode = _change_in_turn(m, ws, real)
             writer = open(ws / "big.bin", "r+b")
             try:
                 res = m.call("rewind", to="t1", session="s")
-                assert res["failed"] == []
+                assert [(f["path"], f["code"]) for f in res["failed"]] == [("big.bin", "busy")]
+                assert res["exit_code"] == 1
                 writer.write(b"LATEWRIT")
                 writer.flush()
                 os.fsync(writer.fileno())
             finally:
                 writer.close()
+            late = b"LATEWRIT" + new[8:]
+            assert (ws / "big.bin").read_bytes() == late
+            res = m.call("rewind", to="t1", session="s")
+            assert res["failed"] == []
             assert (ws / "big.bin").read_bytes() == old
             store = m.open_store()
             try:
                 ws_id = store.workspace(os.fsencode(os.path.realpath(ws)))
-                key, st = preimage_blob(store, ws_id, res["epoch"], b"big.bin")
-                assert st.st_ino != inode
-                assert store.read_blob(key) == new
+                key, _st = preimage_blob(store, ws_id, res["epoch"], b"big.bin")
+                assert store.read_blob(key) == late
             finally:
                 store.close()
             assert m.call("redo", session="s")["failed"] == []
-            assert (ws / "big.bin").read_bytes() == new
+            assert (ws / "big.bin").read_bytes() == late
     finally:
         os.close(real)
     store = Store.open(tmp_path / "store")
