@@ -180,6 +180,28 @@ def test_two_names_one_changed(change, tmp_path):
         _assert_same(after, real, f"redo after {change}")
 
 
+def test_names_the_kernel_forgot(tmp_path):
+    """Links made THROUGH the mount are forgotten too: when the kernel drops its cached
+    inodes (memory pressure; here ``drop_caches``) it sends FORGET and the daemon's
+    table loses their names — the same state as links made before mounting (this is how
+    fsstress seed 135 broke a link group with no error)."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    with _real_view(ws) as real, mounted(ws, tmp_path / "store") as m:
+        os.mkdir(ws / "d")
+        (ws / "d" / "A").write_bytes(b"content\n")
+        os.link(ws / "d" / "A", ws / "B")
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("2")                    # dentries and inodes: FORGET to the daemon
+        before = _snap(real)
+        e1 = m.call("turn.begin", session="s", turn=1, label="t")["epoch"]
+        _append(ws / "d" / "A")
+        m.call("turn.end")
+        assert m.call("rewind", to=f"e{e1}")["failed"] == []
+        _assert_same(before, real, "rewind after the kernel forgot B")
+        _one_inode(real, ["d/A", "B"], 2)
+
+
 @pytest.mark.parametrize("change", ["append", "rm", "chmod", "rename_then_append"])
 def test_offline_rewind_and_redo_rebuild_the_links(change, tmp_path):
     """The turn through the mount, the rewind and redo by the CLI after unmounting."""
@@ -206,25 +228,27 @@ def test_offline_rewind_and_redo_rebuild_the_links(change, tmp_path):
 # -- seeded random sequences --------------------------------------------------------------
 
 class _LinkAgent:
-    """Random link/unlink/write/rename/chmod through the mount, by names it tracks
-    itself (no listing, so the daemon learns only the names the changes use)."""
+    """Random link/unlink/write/rename/chmod/xattr and directory renames through the
+    mount, by names it tracks itself (no listing, so the daemon learns only the names
+    the changes use)."""
 
     def __init__(self, ws, rng: random.Random, names: list[str]):
         self.ws, self.rng, self.names, self.n = str(ws), rng, list(names), 0
+        self.dirs = ["d", "e"]
 
     def _p(self, rel):
         return os.path.join(self.ws, rel)
 
     def _new(self):
         self.n += 1
-        return self.rng.choice(["", "d/", "e/"]) + f"n{self.n}"
+        return self.rng.choice(["", *(d + "/" for d in self.dirs)]) + f"n{self.n}"
 
     def step(self):
         if not self.names:
             return
         name = self.rng.choice(self.names)
         op = self.rng.choice(["write", "append", "truncate", "chmod", "xattr", "link",
-                              "link", "unlink", "rename", "rename_over"])
+                              "link", "unlink", "rename", "rename_over", "rename_dir"])
         p = self._p(name)
         if op == "write":
             with open(p, "r+b") as f:
@@ -245,6 +269,14 @@ class _LinkAgent:
         elif op == "unlink":
             os.unlink(p)
             self.names.remove(name)
+        elif op == "rename_dir":
+            old = self.rng.choice(self.dirs)
+            self.n += 1
+            new = f"m{self.n}"
+            os.rename(self._p(old), self._p(new))
+            self.dirs[self.dirs.index(old)] = new
+            self.names = [new + p[len(old):] if p.startswith(old + "/") else p
+                          for p in self.names]
         elif op == "rename":
             new = self._new()
             os.rename(p, self._p(new))
