@@ -85,6 +85,17 @@ def _rename_over_twin(p):
     os.rename(p, os.path.join(root, "d", "solo"))
 
 
+def _exchange_then_append(p):
+    """RENAME_EXCHANGE of ``d/A`` with ``d/solo``, then a write through the new name."""
+    from overlay._sys import RENAME_EXCHANGE, renameat2
+    fd = os.open(os.path.dirname(p), os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        renameat2(fd, b"A", fd, b"solo", RENAME_EXCHANGE)
+    finally:
+        os.close(fd)
+    _append(os.path.join(os.path.dirname(p), "solo"))
+
+
 CHANGES = {
     "append": _append,
     "truncate": lambda p: os.truncate(p, 2),
@@ -100,6 +111,7 @@ CHANGES = {
     "rename": lambda p: os.rename(p, os.path.join(os.path.dirname(p), "R")),
     "rename_then_append": _rename_then_append,
     "rename_over_twin_and_solo": _rename_over_twin,
+    "exchange_then_append": _exchange_then_append,
 }
 
 
@@ -161,7 +173,7 @@ def test_change_through_one_name_is_rewound_for_all(change, tmp_path):
 
 
 @pytest.mark.parametrize("change", ["append", "rm", "rename", "rename_over_twin_and_solo",
-                                    "write_fd_after_rm"])
+                                    "write_fd_after_rm", "exchange_then_append"])
 def test_two_names_one_changed(change, tmp_path):
     """The issue's own case: ``d/A`` and ``B`` only, so after an ``rm d/A`` the
     survivor has one link and no walk of the tree would call it a twin."""
