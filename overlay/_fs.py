@@ -193,12 +193,12 @@ class RewindOperations(pyfuse3.Operations):
             node.seen = self._token
 
     def _node_stat(self, node) -> os.stat_result | None:
-        """The real inode's stat now: by its first name, else by an open handle."""
+        """The real inode's stat now: by an open handle (exact), else by its first name."""
         try:
-            if node.paths:
-                return self._lstat(node.path)
             if node.handles:
                 return os.fstat(next(iter(node.handles)))
+            if node.paths:
+                return self._lstat(node.path)
         except OSError:
             pass
         return None
@@ -514,7 +514,8 @@ class RewindOperations(pyfuse3.Operations):
                 self.links.discard(_key_of(st_new), new)
             self.table.move(old, new, is_dir)
             self.links.moved(old, new, None if is_dir else _key_of(st_old))
-        if self.rules.ignored(old, is_dir) != self.rules.ignored(new, is_dir):
+        if self.links.built and (self.rules.ignored(old, is_dir)
+                                 != self.rules.ignored(new, is_dir)):
             # The walk skipped ignored paths: names moved out of one are unknown to it.
             self.links = InodeIndex(self.root_fd, self.rules)
         if IGNORE_FILE in (old, new):

@@ -76,6 +76,11 @@ class InodeIndex:
 
     # -- kept current by the filesystem (a no-op until the first walk) ----------------
 
+    @property
+    def built(self) -> bool:
+        """True once the walk ran (until then there is nothing to keep current)."""
+        return self._map is not None
+
     def add(self, key: tuple[int, int], path: bytes) -> None:
         """*path* now names inode *key* (a hard link was made)."""
         if self._map is not None:
