@@ -156,6 +156,9 @@ class InodeIndex:
                     continue
                 stack.append((fd, rel))
             elif entry.is_file(follow_symlinks=False):
-                st = entry.stat(follow_symlinks=False)
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                except FileNotFoundError:
+                    continue    # removed meanwhile (a rewind landing beside the daemon)
                 if stat.S_ISREG(st.st_mode) and st.st_nlink > 1:
                     out.setdefault((st.st_dev, st.st_ino), []).append(rel)
