@@ -31,6 +31,13 @@ and they are never captured.
 "Already captured" is an in-memory set per epoch (reset by ``set_epoch``) plus a
 per-inode token so a write to an already captured file costs one identity check.
 
+Hard links (invariants 1 and 13): a change to a regular file with ``st_nlink > 1``
+first captures every name of its inode — the names the table knows and, when those are
+fewer than the link count, the names a per-mount ``InodeIndex`` finds (one lazy walk of
+the tree, then kept current by ``link``/``unlink``/``rename``, dropped after a rewind
+lands; the argument is in ``_restore_links``).  Names made before the mount are names
+the daemon never saw, so the table alone cannot be enough.
+
 Handlers are thin: they translate FUSE ↔ syscalls and raise ``FUSEError`` only; the
 errno is the underlying filesystem's.
 """
@@ -58,6 +65,7 @@ from ._inodes import InodeTable, child
 from ._notify import Notifier
 from ._resolve import open_parent, split
 from ._restore_land import TMP_PREFIX
+from ._restore_links import InodeIndex
 
 log = logging.getLogger(__name__)
 
@@ -135,6 +143,7 @@ class RewindOperations(pyfuse3.Operations):
         self.timeout = timeout
         self.table = InodeTable(root_fd)
         self.rules = IgnoreRules.load(root_fd)
+        self.links = InodeIndex(root_fd, self.rules)   # walked at its first use only
         self.epoch_id = store.current_epoch(ws).id
         self.captured: set[bytes] = set()
         self._token = object()
@@ -167,6 +176,7 @@ class RewindOperations(pyfuse3.Operations):
 
     def reload_rules(self) -> None:
         self.rules = IgnoreRules.load(self.root_fd)
+        self.links = InodeIndex(self.root_fd, self.rules)
         self._token = object()
 
     def _guard(self, items) -> None:
@@ -196,9 +206,40 @@ class RewindOperations(pyfuse3.Operations):
         self.captured.update(todo)
 
     def _guard_node(self, node) -> None:
+        """Capture every name of *node* before it changes — for a multiply-linked file
+        also the names the table does not know (``_twins``)."""
         if node.seen is not self._token:
-            self._guard([(p, node.is_dir) for p in node.paths])
+            items = [(p, node.is_dir) for p in node.paths]
+            if not node.is_dir:
+                items += self._twins(self._node_stat(node))
+            self._guard(items)
             node.seen = self._token
+
+    def _node_stat(self, node) -> os.stat_result | None:
+        """The real inode's stat now: by an open handle (exact), else by its first name."""
+        try:
+            if node.handles:
+                return os.fstat(next(iter(node.handles)))
+            if node.paths:
+                return self._lstat(node.path)
+        except OSError:
+            pass
+        return None
+
+    def _twins(self, st) -> list:
+        """``(path, False)`` for every name of the regular file *st* with more than one
+        link: the names the table knows and, if they are fewer than ``st_nlink``, those
+        the inode index finds (its first use walks the tree).  Names outside the
+        workspace are never found; the count then stays short, and costs only a dict
+        lookup per capture after the first walk."""
+        if st is None or not stat.S_ISREG(st.st_mode) or st.st_nlink <= 1:
+            return []
+        key = (st.st_dev, st.st_ino)
+        node = self.table.by_key.get(key)
+        names = dict.fromkeys(node.paths) if node is not None else {}
+        if len(names) < st.st_nlink:
+            names.update(dict.fromkeys(self.links.names(*key)))
+        return [(p, False) for p in names]
 
     # -- resolution ----------------------------------------------------------------
 
@@ -449,6 +490,10 @@ class RewindOperations(pyfuse3.Operations):
         with self._parent(src) as (sfd, sname), self._parent(new) as (dfd, dname):
             os.link(sname, dname, src_dir_fd=sfd, dst_dir_fd=dfd, follow_symlinks=False)
             st = os.stat(dname, dir_fd=dfd, follow_symlinks=False)
+        # The other names keep their content: the rewind of ``new`` (absent) gives their
+        # link count back, so only ``new`` is captured above.
+        self.links.add(_key_of(st), src)
+        self.links.add(_key_of(st), new)
         self.table.bind(new, node)
         node.nlookup += 1
         return self._attr(node, st)
@@ -459,9 +504,10 @@ class RewindOperations(pyfuse3.Operations):
         if path in self.busy:
             raise FUSEError(errno.EBUSY)
         st = self._lstat(path)
-        self._guard([(path, False), *self._other_names(st)])
+        self._guard([(path, False), *self._twins(st)])
         with self._parent(path) as (fd, n):
             os.unlink(n, dir_fd=fd)
+        self.links.discard(_key_of(st), path)
         self.table.unbind(path, gone=st.st_nlink <= 1)
         if path == IGNORE_FILE:
             self.reload_rules()
@@ -498,28 +544,28 @@ class RewindOperations(pyfuse3.Operations):
         self._guard(rename_paths(self.root_fd, old, new, stat.S_ISDIR(st_old.st_mode),
                                  None if st_new is None else stat.S_ISDIR(st_new.st_mode),
                                  exchange=exchange)
-                    + self._other_names(st_old) + self._other_names(st_new))
+                    + self._twins(st_old) + self._twins(st_new))
         with self._parent(old) as (ofd, oname), self._parent(new) as (nfd, nname):
             _sys.renameat2(ofd, oname, nfd, nname, flags & (_sys.RENAME_NOREPLACE |
                                                           _sys.RENAME_EXCHANGE))
         self._renamed(old, new, st_old, st_new, exchange)
 
-    def _other_names(self, st) -> list:
-        """The known names of a hard-linked file whose set of names is about to change:
-        their pre-images (same ``link_group``) let a restore put the group back together."""
-        if st is None or stat.S_ISDIR(st.st_mode) or st.st_nlink <= 1:
-            return []
-        node = self.table.by_key.get((st.st_dev, st.st_ino))
-        return [(p, False) for p in node.paths] if node is not None else []
-
     def _renamed(self, old, new, st_old, st_new, exchange) -> None:
+        is_dir = stat.S_ISDIR(st_old.st_mode)
         if exchange:
             self.table.exchange(old, new)
+            self.links.exchanged(old, new)
         elif st_new is None or (st_new.st_dev, st_new.st_ino) != (st_old.st_dev, st_old.st_ino):
             if st_new is not None:
                 gone = stat.S_ISDIR(st_new.st_mode) or st_new.st_nlink <= 1
                 self.table.unbind(new, gone=gone)
-            self.table.move(old, new, stat.S_ISDIR(st_old.st_mode))
+                self.links.discard(_key_of(st_new), new)
+            self.table.move(old, new, is_dir)
+            self.links.moved(old, new, None if is_dir else _key_of(st_old))
+        if self.links.built and (self.rules.ignored(old, is_dir)
+                                 != self.rules.ignored(new, is_dir)):
+            # The walk skipped ignored paths: names moved out of one are unknown to it.
+            self.links = InodeIndex(self.root_fd, self.rules)
         if IGNORE_FILE in (old, new):
             self.reload_rules()
 
@@ -827,18 +873,34 @@ class RewindOperations(pyfuse3.Operations):
         """``invalidate`` of each path; a parent's attributes are dropped once per call,
         not once per child (a rewind landing 1,000 files in a directory)."""
         parents: dict[int, None] = {}
+        # The restore engine changed names behind the handlers: walk again when needed.
+        self.links = InodeIndex(self.root_fd, self.rules)
         for relpath in relpaths:
             head, name = split(relpath)
             node = self.table.by_path.get(relpath)
+            try:
+                st = self._lstat(relpath)
+            except OSError:
+                st = None
             if node is not None:
-                try:
-                    st = self._lstat(relpath)
-                except OSError:
-                    st = None
                 if st is None or (st.st_dev, st.st_ino) != node.key:
                     self.table.unbind(relpath, gone=len(node.paths) <= 1)
                 node.seen = None
                 self.notifier.inode(node.ino)
+            twin = self.table.by_key.get(_key_of(st)) if st is not None else None
+            if twin is not None and (twin is not node or len(twin.paths) > 1):
+                # A hard link the kernel knows by other names: its attributes (times,
+                # mode, link count) changed with this one.  Those entries go too: with
+                # the writeback cache the kernel keeps a cached inode's mtime over what
+                # getattr says, and an inode no entry (or open file) holds is dropped.
+                twin.seen = None
+                if twin is not node:
+                    self.notifier.inode(twin.ino)
+                for other in [p for p in twin.paths if p != relpath]:
+                    above, base = split(other)
+                    up = self.table.by_path.get(above)
+                    if up is not None:
+                        self.notifier.entry(up.ino, base)
             parent = self.table.by_path.get(head)
             if parent is not None and relpath:
                 self.notifier.entry(parent.ino, name)
