@@ -44,7 +44,6 @@ import contextlib
 import errno
 import logging
 import os
-import resource
 from dataclasses import dataclass, field
 
 from store import INLINE_MAX, NothingToRedo, Plan, RewindfsError, TurnOpen
@@ -52,6 +51,7 @@ from store._preimage import check_relpath
 
 from . import _restore_land as L
 from ._capture import capture, capture_images
+from ._fdbudget import dir_cache_size
 from ._ignore import IgnoreRules
 from ._resolve import DirCache, split
 from ._restore_adopt import Adopter, unshare_epoch
@@ -224,9 +224,7 @@ def _classify(dirs: DirCache, action, rules, groups, store) -> str:
 
 def _dir_cache(root_fd: int) -> DirCache:
     """A run's directory fds: at most a quarter of the fd limit, at most 4096."""
-    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    limit = 4096 if soft == resource.RLIM_INFINITY else max(16, min(4096, soft // 4))
-    return DirCache(root_fd, limit)
+    return DirCache(root_fd, dir_cache_size())
 
 
 def _foreign(store, ws, target, paths, session):
@@ -364,9 +362,17 @@ def _capture_all(run: _Run, todo: list[bytes]) -> None:
     if not todo:
         return
     put_file = None if run.adopter is None else run.adopter.put
+
+    def parent_at(relpath: bytes):
+        # capture_images borrows a dir fd for one path at a time (its batch holds file
+        # fds, not dir fds), so the cache may be trimmed before each: bounded fds
+        if run.dirs.full:
+            run.dirs.trim()
+        return run.dirs.parent(relpath)
+
     try:
         run.seen.update(capture_images(run.root_fd, run.store, run.ws, run.epoch, todo,
-                                       parent_at=run.dirs.parent, put_file=put_file))
+                                       parent_at=parent_at, put_file=put_file))
         run.captured.update(todo)
         return
     except (OSError, RewindfsError):
@@ -374,7 +380,7 @@ def _capture_all(run: _Run, todo: list[bytes]) -> None:
     for path in todo:
         try:
             run.seen.update(capture_images(run.root_fd, run.store, run.ws, run.epoch,
-                                           [path], parent_at=run.dirs.parent,
+                                           [path], parent_at=parent_at,
                                            put_file=put_file))
             run.captured.add(path)
         except (OSError, RewindfsError) as exc:

@@ -255,8 +255,14 @@ async def _run_streaming(fn, ctx, params: dict, emit) -> dict:
 
     async def pump() -> None:
         async with recv_ch:
-            async for events in recv_ch:
-                await emit(*events)
+            try:
+                async for events in recv_ch:
+                    await emit(*events)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                # The client hung up: the rewind runs on (it cannot be stopped half-way);
+                # its remaining events are drained and dropped, the reply fails later.
+                async for events in recv_ch:
+                    pass
 
     send = Handoff(trio.lowlevel.current_trio_token(), send_ch.send_nowait).put
 
