@@ -110,17 +110,26 @@ class DaemonContext:
 
     async def flush_writes(self) -> None:
         """Push the kernel's dirty pages of this mount to the daemon (writeback cache),
-        so a turn boundary splits writes at the moment it is requested."""
-        if not self.fs.enable_writeback_cache:
-            return
+        so a turn boundary splits writes at the moment it is requested (only if a file
+        is open for writing: ``fs.writers_open``); then, still in
+        the worker thread, write the store's dirty pages to disk, so the store's own
+        flush at the boundary (``begin_turn``/``end_turn``, on the trio thread, where it
+        stalls every FUSE request) finds little left to write."""
         path = self.workspace_path
+        store = self.store
+        writeback = self.fs.enable_writeback_cache and self.fs.writers_open()
 
         def sync():
-            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            if writeback:
+                fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+                try:
+                    _sys.syncfs(fd)
+                finally:
+                    os.close(fd)
             try:
-                _sys.syncfs(fd)
-            finally:
-                os.close(fd)
+                store.flush()
+            except RewindfsError as exc:   # the boundary's own flush will report it
+                log.warning("flushing the store before a turn mark failed: %s", exc)
 
         for attempt in (1, 2):
             try:

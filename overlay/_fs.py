@@ -719,6 +719,16 @@ class RewindOperations(pyfuse3.Operations):
         self.fenced.add(key)
         return True
 
+    def writers_open(self) -> bool:
+        """True if some open handle can write.  With the writeback cache only such a
+        file can have dirty pages in the kernel: ``close`` (and the release of the last
+        reference, e.g. after ``munmap``) writes them back before it returns, so with
+        no writer open a turn mark has nothing to flush."""
+        for fd in self.handles:
+            if fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE != os.O_RDONLY:
+                return True
+        return False
+
     def unfence_writes(self, key: tuple[int, int]) -> None:
         self.fenced.discard(key)
 
