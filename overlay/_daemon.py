@@ -379,6 +379,28 @@ async def _fuse_main(ctx) -> None:
         ctx.shutdown.set()  # the kernel ended the session (external unmount) or we did
 
 
+_FLUSH_EVERY_S = 0.25
+
+
+async def _flush_store(ctx) -> None:
+    """Write the store's committed pages to disk in the background, in a worker thread,
+    every ``_FLUSH_EVERY_S`` while captures happen.  Durability does not depend on it
+    (turn boundaries and rewinds flush, docs/store.md); it keeps the pages a boundary's
+    flush must write few, so a turn mark under a heavy write load waits for a quarter
+    second of captures at most, not for the whole turn's."""
+    last = ctx.fs.stats["captures"]
+    while True:
+        await trio.sleep(_FLUSH_EVERY_S)
+        now = ctx.fs.stats["captures"]
+        if now == last:
+            continue
+        last = now
+        try:
+            await trio.to_thread.run_sync(ctx.store.flush)
+        except Exception as exc:   # the next boundary's own flush reports it
+            log.warning("background flush of the store failed: %s", exc)
+
+
 async def _signals(ctx) -> None:
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as sigs:
         async for signum in sigs:
@@ -392,6 +414,7 @@ async def _run(ctx, listener) -> None:
         nursery.start_soon(_fuse_main, ctx)
         nursery.start_soon(serve_control, ctx, listener)
         nursery.start_soon(_signals, ctx)
+        nursery.start_soon(_flush_store, ctx)
         await ctx.shutdown.wait()
         nursery.cancel_scope.cancel()
 

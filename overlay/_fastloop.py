@@ -10,8 +10,9 @@ checkpoint; otherwise (idle) it falls back to pyfuse3's own wait.
 
 Contract kept: control-socket tasks, signals, threads' results and cancellation
 (shutdown) are never starved while the kernel keeps the queue full.  The same ``poll``
-also watches trio's own epoll fd: when any other task's I/O or a worker thread's result
-is ready, the request loop passes a checkpoint at once (so a turn mark waits for one
+also watches trio's own epoll fd, and the loop looks at trio's run queue: when any
+other task's I/O or a worker thread's result is ready, or a task waits to run, the
+request loop passes a checkpoint at once (so a turn mark waits for one
 FUSE request, not for 32 — under a heavy write load the 32 cost a mark ~100 ms), and
 every ``_FAIR_EVERY``-th request passes one anyway (timers, which epoll does not see).  We run pyfuse3 with exactly one reader task
 (``_daemon._fuse_main``), so the read lock pyfuse3 takes protects nothing we skip.
@@ -45,14 +46,16 @@ def fuse_fd() -> int | None:
     return None
 
 
-def _trio_epoll_fd() -> int | None:
-    """The fd of trio's epoll instance (readable when a task's socket or a thread's
-    result is ready), or None (another trio, another platform)."""
+def _trio_internals():
+    """``(epoll fd, run queue)`` of the running trio: the epoll fd is readable when a
+    task's socket or a thread's result is ready, the run queue holds tasks ready to
+    run (e.g. one that passed a checkpoint).  ``(None, ())`` if this trio differs."""
     try:
         from trio._core._run import GLOBAL_RUN_CONTEXT
-        return GLOBAL_RUN_CONTEXT.runner.io_manager._epoll.fileno()
+        runner = GLOBAL_RUN_CONTEXT.runner
+        return runner.io_manager._epoll.fileno(), runner.runq
     except (AttributeError, ImportError):
-        return None
+        return None, ()
 
 
 def install(fd: int | None = None) -> bool:
@@ -65,14 +68,14 @@ def install(fd: int | None = None) -> bool:
         return False
     poller = select.poll()
     poller.register(fd, select.POLLIN)
-    others = _trio_epoll_fd()
+    others, runq = _trio_internals()
     if others is not None:
         poller.register(others, select.POLLIN)
     poll = poller.poll
     countdown = [_FAIR_EVERY]
 
     async def _wait_fuse_readable():
-        if countdown[0] > 0:
+        if countdown[0] > 0 and not runq:
             ready = poll(0)
             if len(ready) == 1 and ready[0][0] == fd:   # FUSE waits, nothing else does
                 countdown[0] -= 1
