@@ -46,11 +46,12 @@ def raise_soft_limit() -> int:
 
 
 def share(divisor: int, cap: int, floor: int = 8) -> int:
-    """``1/divisor`` of the current soft fd limit, within ``[floor, cap]``."""
+    """``1/divisor`` of the current soft fd limit, at least ``floor``, at most ``cap``
+    (the cap wins over the floor)."""
     soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     if soft == resource.RLIM_INFINITY:
         return cap
-    return max(floor, min(cap, soft // divisor))
+    return min(cap, max(floor, soft // divisor))
 
 
 def dir_cache_size() -> int:

@@ -25,7 +25,7 @@ import trio
 from store._errors import BadPath, PathEscape
 from store._preimage import check_relpath
 
-from . import _diff, _restore
+from . import _diff, _restore, _sys
 from ._handoff import Handoff
 from ._protocol import BadParams, check_text
 
@@ -239,7 +239,11 @@ async def _handle(method: str, ctx, params: dict, emit) -> dict:
     async with lock:
         if changes:
             await ctx.flush_writes()
-        result = await _run_streaming(SYNC[method], ctx, params, emit)
+        try:
+            result = await _run_streaming(SYNC[method], ctx, params, emit)
+        finally:
+            if method in ("rewind", "redo", "gc"):
+                await trio.to_thread.run_sync(_sys.malloc_trim)
         if changes:
             await ctx.invalidations_settled()
         return result
