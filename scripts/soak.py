@@ -300,9 +300,9 @@ def _proc_sample(pid: int) -> tuple[int, int, int]:
 
 
 def stress(seconds: float, top: Path, seed: int, *, mark_every: float, window_s: float,
-           gc_every: float, rewind_every: float) -> dict:
+           gc_every: float, rewind_every: float, store_top: Path | None = None) -> dict:
     import multiprocessing
-    ws, store = top / "ws", top / "store"
+    ws, store = top / "ws", (store_top or top) / "store"
     ws.mkdir()
     (ws / "load").mkdir()
     for i in range(40):
@@ -353,9 +353,10 @@ def stress(seconds: float, top: Path, seed: int, *, mark_every: float, window_s:
                 try:
                     rep = ctl.call("rewind", to=f"e{epochs[-5]}")
                     code = rep["exit_code"]
+                    why = sorted({f["code"] for f in rep.get("failed") or []})
                 except RuntimeError as exc:
-                    code = str(exc)[:80]
-                rewinds.append({"s": time.perf_counter() - a, "exit": code})
+                    code, why = str(exc)[:80], []
+                rewinds.append({"s": time.perf_counter() - a, "exit": code, "failed": why})
                 next_rewind = now + rewind_every
             if now >= next_window:
                 fds, rss, anon = _proc_sample(pid)
@@ -427,6 +428,8 @@ def main(argv=None) -> int:
     ap.add_argument("--window-s", type=float, default=60.0, help="stress: seconds per row")
     ap.add_argument("--gc-every", type=float, default=60.0)
     ap.add_argument("--rewind-every", type=float, default=90.0)
+    ap.add_argument("--store-in", metavar="DIR", help="stress: put the store in a new "
+                    "directory under DIR (e.g. /dev/shm: no disk flush in the figures)")
     args = ap.parse_args(argv)
     if args.stress is not None:
         return main_stress(args)
@@ -454,15 +457,21 @@ def main(argv=None) -> int:
 
 def main_stress(args) -> int:
     top = Path(tempfile.mkdtemp(prefix="rewindfs-soak-"))
+    store_top = Path(tempfile.mkdtemp(prefix="rewindfs-soak-store-", dir=args.store_in)) \
+        if args.store_in else None
     try:
         result = stress(args.stress, top, args.seed, mark_every=args.mark_every,
                         window_s=args.window_s, gc_every=args.gc_every,
-                        rewind_every=args.rewind_every)
+                        rewind_every=args.rewind_every, store_top=store_top)
     finally:
         if not args.keep and not _is_mounted(top / "ws"):
             shutil.rmtree(top, ignore_errors=True)
+            if store_top is not None:
+                shutil.rmtree(store_top, ignore_errors=True)
     rw = result["rewinds"]
+    why = sorted({c for r in rw for c in r.get("failed", [])})
     print(f"{len(rw)} rewinds (exit codes {sorted(set(str(r['exit']) for r in rw))}, "
+          f"failure codes {why}, "
           f"median {statistics.median(r['s'] for r in rw) if rw else 0:.2f} s), "
           f"{len(result['gcs'])} gc runs; daemon exit {result['daemon_exit']}, "
           f"fsck exit {result['fsck_exit']}")
