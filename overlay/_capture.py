@@ -32,6 +32,7 @@ from store import INLINE_MAX
 from store._errors import PathEscape
 from store._preimage import PreImage
 
+from ._fdbudget import share
 from ._resolve import open_dir, open_parent, parent_of
 from ._restore_land import TMP_PREFIX
 
@@ -84,12 +85,13 @@ class _ContentBatch:
     a restore run's directory fds, at most a quarter of the limit, well under
     ``RLIMIT_NOFILE``) and in bytes held for the put."""
 
-    MAX_FILES = 256
+    MAX_FILES = 256     # at most; 1/16 of the fd limit under a lower one (_fdbudget)
     MAX_BYTES = 64 << 20
 
     def __init__(self):
         self.fds: list[int] = []
         self.nbytes = 0
+        self.max_files = share(16, self.MAX_FILES)
 
     def hold(self, fd: int, size: int) -> _Pending:
         self.fds.append(fd)
@@ -98,7 +100,7 @@ class _ContentBatch:
 
     @property
     def full(self) -> bool:
-        return len(self.fds) >= self.MAX_FILES or self.nbytes >= self.MAX_BYTES
+        return len(self.fds) >= self.max_files or self.nbytes >= self.MAX_BYTES
 
     def put(self, store, entries: list) -> list:
         """Store the held contents; return *entries* (path, image) with real keys."""

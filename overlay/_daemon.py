@@ -10,6 +10,12 @@ mount is removed (``pyfuse3.close(unmount=True)``), the socket unlinked, the sto
 
 Concurrency: one trio thread runs every FUSE handler and every control request;
 see docs/concurrency.md.
+
+Errors never unmount.  The daemon ends only when asked to (``unmount``, a signal) or
+when the kernel ends the session; a failure anywhere else — ``accept()`` out of fds, a
+control connection's bug, an exception escaping pyfuse3's loop — is logged, costs at
+most the one request or client it hit, and the loops go on (docs/reliability.md,
+"File descriptors").
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 
 import pyfuse3
 import trio
@@ -28,6 +35,7 @@ import trio
 from store._errors import RewindfsError
 
 from . import _fastloop, _protocol, _sys
+from ._fdbudget import EXHAUSTED, raise_soft_limit
 from ._fs import RewindOperations
 from ._handoff import Handoff
 from ._paths import (AlreadyMounted, MountFailed, StaleMount, check_workspace,
@@ -109,22 +117,39 @@ class DaemonContext:
 
     async def flush_writes(self) -> None:
         """Push the kernel's dirty pages of this mount to the daemon (writeback cache),
-        so a turn boundary splits writes at the moment it is requested."""
-        if not self.fs.enable_writeback_cache:
-            return
+        so a turn boundary splits writes at the moment it is requested (only if a file
+        is open for writing: ``fs.writers_open``); then, still in
+        the worker thread, write the store's dirty pages to disk, so the store's own
+        flush at the boundary (``begin_turn``/``end_turn``, on the trio thread, where it
+        stalls every FUSE request) finds little left to write."""
         path = self.workspace_path
+        store = self.store
+        writeback = self.fs.enable_writeback_cache and self.fs.writers_open()
 
         def sync():
-            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            if writeback:
+                fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+                try:
+                    _sys.syncfs(fd)
+                finally:
+                    os.close(fd)
             try:
-                _sys.syncfs(fd)
-            finally:
-                os.close(fd)
+                store.flush()
+            except RewindfsError as exc:   # the boundary's own flush will report it
+                log.warning("flushing the store before a turn mark failed: %s", exc)
 
-        try:
-            await trio.to_thread.run_sync(sync)
-        except OSError as exc:
-            log.warning("syncfs on the mount failed: %s", exc)
+        for attempt in (1, 2):
+            try:
+                await trio.to_thread.run_sync(sync)
+                return
+            except OSError as exc:
+                if exc.errno not in EXHAUSTED:
+                    log.warning("syncfs on the mount failed: %s", exc)
+                    return
+                if attempt == 2 or not self.fs.table.shed():
+                    # without the flush, dirty pages could cross the turn boundary:
+                    # refuse this mark rather than misattribute writes
+                    raise _protocol.FdExhausted() from None
 
     async def bypass_processes(self) -> list[int]:
         """Pids whose cwd is inside the bare directory under the mount (their writes
@@ -213,6 +238,8 @@ def _bind_socket(sock_path: bytes, workspace: bytes) -> socket.socket:
 
 
 async def _serve_connection(ctx, stream: trio.SocketStream) -> None:
+    """One client, until it hangs up.  Nothing raised here may end the daemon: a bug
+    in serving one connection closes that connection and is logged."""
     async with stream:
         try:
             uid = peer_uid(stream.socket)
@@ -223,6 +250,8 @@ async def _serve_connection(ctx, stream: trio.SocketStream) -> None:
             await _read_requests(ctx, stream)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
+        except Exception:
+            log.exception("control connection failed; closed it")
 
 
 async def _read_requests(ctx, stream) -> None:
@@ -252,25 +281,123 @@ async def _read_requests(ctx, stream) -> None:
             lines.clear()
 
 
+_BACKOFF_S = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0)
+
+
 async def serve_control(ctx, listener: socket.socket) -> None:
-    """Accept control connections until cancelled; each runs in its own task."""
+    """Accept control connections until cancelled; each runs in its own task.
+
+    ``accept()`` out of fds (``EMFILE``/``ENFILE``) never ends this loop: the inode
+    table's cached fds are shed and the accept retried; if that frees nothing, a reserve
+    fd kept for this moment is closed so the waiting client can be accepted and told
+    ``fd-exhausted`` (instead of hanging in the backlog), then the reserve is reopened.
+    Other accept errors (and a reserve that cannot be had) back off and retry.
+    """
     tsock = trio.socket.from_stdlib_socket(listener)
+    reserve = _reserve_fd()
+    failures = 0
     async with trio.open_nursery() as nursery:
         while True:
-            conn, _ = await tsock.accept()
-            nursery.start_soon(_serve_connection, ctx, trio.SocketStream(conn))
+            try:
+                # wait first: accept() fails with EMFILE before it looks for a client,
+                # so without the wait an exhausted daemon would spin here
+                await trio.lowlevel.wait_readable(tsock)
+                conn, _ = await tsock.accept()
+                failures = 0
+                nursery.start_soon(_serve_connection, ctx, trio.SocketStream(conn))
+                continue
+            except OSError as exc:
+                if exc.errno in EXHAUSTED and ctx.fs.table.shed():
+                    continue
+                if exc.errno in EXHAUSTED and reserve is not None:
+                    os.close(reserve)
+                    reserve = None
+                    _refuse_one(listener)
+                    reserve = _reserve_fd()
+                    continue
+                log.warning("accept on the control socket failed: %s", exc)
+            except Exception:
+                log.exception("serving the control socket failed")
+            delay = _BACKOFF_S[min(failures, len(_BACKOFF_S) - 1)]
+            failures += 1
+            await trio.sleep(delay)
+            reserve = reserve if reserve is not None else _reserve_fd()
+
+
+def _reserve_fd() -> int | None:
+    try:
+        return os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+
+
+def _refuse_one(listener: socket.socket) -> None:
+    """Accept one waiting client on the fd just freed, answer ``fd-exhausted``, close
+    (never waits: no client waiting, nothing to do)."""
+    try:
+        raw, _ = listener.accept()
+    except OSError:
+        return
+    log.warning("out of file descriptors: refused one control connection")
+    with raw:
+        try:
+            raw.setblocking(False)
+            raw.send(_protocol.reply_error(None, _protocol.FdExhausted()))
+            raw.shutdown(socket.SHUT_WR)
+            # read what the client sent already: closing on unread data resets the
+            # connection (the client's next send fails; its read still gets the line)
+            while raw.recv(65536):
+                pass
+        except OSError:
+            pass
 
 
 # -- main loop --------------------------------------------------------------------------
 
 async def _fuse_main(ctx) -> None:
+    """pyfuse3's request loop until the kernel ends the session.  An exception escaping
+    it (a bug: handlers map their failures to errnos) is logged and the loop restarted
+    after a pause; the request it came from goes unanswered, the mount stays."""
     if os.environ.get("REWINDFS_SLOWLOOP") is None:
         _fastloop.install()
+    failures, last = 0, 0.0
     try:
-        # One reader task: handlers never await, so more tasks would only add overhead.
-        await pyfuse3.main(min_tasks=1, max_tasks=1)
+        while True:
+            try:
+                # One reader task: handlers never await, so more would only add overhead.
+                await pyfuse3.main(min_tasks=1, max_tasks=1)
+                return
+            except Exception:
+                now = time.monotonic()
+                failures = failures + 1 if now - last < 60 else 1
+                last = now
+                delay = _BACKOFF_S[min(failures - 1, len(_BACKOFF_S) - 1)]
+                log.exception("the FUSE request loop failed; restarting it in %.2f s", delay)
+                await trio.sleep(delay)
     finally:
         ctx.shutdown.set()  # the kernel ended the session (external unmount) or we did
+
+
+_FLUSH_EVERY_S = 0.25
+
+
+async def _flush_store(ctx) -> None:
+    """Write the store's committed pages to disk in the background, in a worker thread,
+    every ``_FLUSH_EVERY_S`` while captures happen.  Durability does not depend on it
+    (turn boundaries and rewinds flush, docs/store.md); it keeps the pages a boundary's
+    flush must write few, so a turn mark under a heavy write load waits for a quarter
+    second of captures at most, not for the whole turn's."""
+    last = ctx.fs.stats["captures"]
+    while True:
+        await trio.sleep(_FLUSH_EVERY_S)
+        now = ctx.fs.stats["captures"]
+        if now == last:
+            continue
+        last = now
+        try:
+            await trio.to_thread.run_sync(ctx.store.flush)
+        except Exception as exc:   # the next boundary's own flush reports it
+            log.warning("background flush of the store failed: %s", exc)
 
 
 async def _signals(ctx) -> None:
@@ -286,6 +413,7 @@ async def _run(ctx, listener) -> None:
         nursery.start_soon(_fuse_main, ctx)
         nursery.start_soon(serve_control, ctx, listener)
         nursery.start_soon(_signals, ctx)
+        nursery.start_soon(_flush_store, ctx)
         await ctx.shutdown.wait()
         nursery.cancel_scope.cancel()
 
@@ -318,6 +446,7 @@ def serve_mount(dir_path, store_path=None, *, recover: bool = False, ready=None,
     """
     from store import Store
 
+    raise_soft_limit()   # every fd cache takes a share of it: _fdbudget
     store_path = resolve_store_path(store_path)
     try:
         real = check_workspace(dir_path, store_path)

@@ -50,7 +50,9 @@ import fcntl
 import functools
 import logging
 import os
+import resource
 import stat
+import time
 
 import pyfuse3
 from pyfuse3 import FUSEError
@@ -59,6 +61,7 @@ from store import EpochClosed
 from store._errors import RewindfsError
 
 from . import _sys
+from ._fdbudget import EXHAUSTED
 from ._capture import capture, rename_paths
 from ._ignore import IGNORE_FILE, IgnoreRules
 from ._inodes import InodeTable, child
@@ -80,15 +83,23 @@ _OPEN_SYNC = os.O_SYNC | os.O_DSYNC      # O_SYNC contains O_DSYNC's bit
 
 
 def _handler(fn):
-    """Map every failure to an errno at the FUSE boundary (and nothing else)."""
+    """Map every failure to an errno at the FUSE boundary (and nothing else).
+
+    Each request starts by telling the inode table (its directory fds borrowed before
+    may be evicted now).  Out of fds (``EMFILE``/``ENFILE``): the table's cached fds
+    are shed — nothing is borrowed any more, the request is over — and this one
+    request fails with that errno; the next one finds fds free."""
 
     @functools.wraps(fn)
     async def wrapper(self, *args):
+        self.table.begin_request()
         try:
             return fn(self, *args)
         except FUSEError:
             raise
         except OSError as exc:
+            if exc.errno in EXHAUSTED:
+                self._out_of_fds(fn.__name__, exc)
             raise FUSEError(exc.errno or errno.EIO) from None
         except RewindfsError as exc:
             raise FUSEError(exc.errno) from None
@@ -160,6 +171,7 @@ class RewindOperations(pyfuse3.Operations):
         self.busy: set[bytes] = set()
         self.busy_dirs: set[bytes] = set()
         self.busy_keys: set[tuple[int, int]] = set()
+        self._fd_warned = 0.0
 
     # -- epochs and capture --------------------------------------------------------
 
@@ -188,22 +200,42 @@ class RewindOperations(pyfuse3.Operations):
             log.debug("capture %r in epoch %d", todo, self.epoch_id)
         try:
             try:
-                capture(self.root_fd, self.store, self.ws, self.epoch_id, todo,
-                        parent=self._parent)
+                self._capture(todo)
             except EpochClosed:
                 # Another process moved the workspace to a new epoch behind our back:
                 # follow it (dropping the captured set) and capture there.
                 self.epoch_changed()
                 todo = [p for p, d in items if not self.rules.ignored(p, d)]
-                capture(self.root_fd, self.store, self.ws, self.epoch_id, todo,
-                        parent=self._parent)
+                self._capture(todo)
         except (RewindfsError, OSError) as exc:
             self.stats["capture_errors"] += 1
             log.warning("capture of %d path(s) failed, refusing the change: %s", len(todo), exc)
-            code = exc.errno if isinstance(exc, RewindfsError) else errno.EIO
+            code = exc.errno if isinstance(exc, RewindfsError) else (
+                exc.errno if exc.errno in EXHAUSTED else errno.EIO)
             raise FUSEError(code) from None
         self.stats["captures"] += len(todo)
         self.captured.update(todo)
+
+    def _capture(self, todo) -> None:
+        """``capture`` of *todo*; out of fds, shed the directory cache and try once more
+        (nothing was recorded, nothing changed yet: capture is all or nothing)."""
+        try:
+            capture(self.root_fd, self.store, self.ws, self.epoch_id, todo,
+                    parent=self._parent)
+        except OSError as exc:
+            if exc.errno not in EXHAUSTED or not self.table.shed():
+                raise
+            capture(self.root_fd, self.store, self.ws, self.epoch_id, todo,
+                    parent=self._parent)
+
+    def _out_of_fds(self, what: str, exc: OSError) -> None:
+        shed = self.table.shed()
+        now = time.monotonic()
+        if now - self._fd_warned > 10:   # one line per 10 s, not one per request
+            self._fd_warned = now
+            log.warning("%s: %s (fd limit %d); shed %d cached directory fds, refused "
+                        "this request", what, exc, resource.getrlimit(
+                            resource.RLIMIT_NOFILE)[0], shed)
 
     def _guard_node(self, node) -> None:
         """Capture every name of *node* before it changes — for a multiply-linked file
@@ -795,6 +827,16 @@ class RewindOperations(pyfuse3.Operations):
                 return False
         self.fenced.add(key)
         return True
+
+    def writers_open(self) -> bool:
+        """True if some open handle can write.  With the writeback cache only such a
+        file can have dirty pages in the kernel: ``close`` (and the release of the last
+        reference, e.g. after ``munmap``) writes them back before it returns, so with
+        no writer open a turn mark has nothing to flush."""
+        for fd in self.handles:
+            if fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE != os.O_RDONLY:
+                return True
+        return False
 
     def unfence_writes(self, key: tuple[int, int]) -> None:
         self.fenced.discard(key)

@@ -2,7 +2,8 @@
 
 ``Handoff(token, deliver)``: ``put(item)`` may be called from any thread and never
 blocks; ``deliver(items)`` runs on the trio thread with every item put since the last
-delivery, in order.  One ``run_sync_soon`` — one wake-up of the trio thread — per burst
+delivery, in order; if it raises, that batch is logged and dropped (an exception in a
+``run_sync_soon`` callback would end the trio run, i.e. the daemon).  One ``run_sync_soon`` — one wake-up of the trio thread — per burst
 instead of per item: a rewind of 10,000 files queued 20,000 wake-ups (invalidations and
 progress events), each a write to trio's wake-up socket and a pass of its scheduler,
 competing with the rewind itself on the GIL.
@@ -16,9 +17,12 @@ time that callback runs.
 
 from __future__ import annotations
 
+import logging
 import threading
 
 __all__ = ["Handoff"]
+
+log = logging.getLogger(__name__)
 
 
 class Handoff:
@@ -39,4 +43,9 @@ class Handoff:
     def _drain(self) -> None:
         with self._lock:
             items, self._items, self._scheduled = self._items, [], False
-        self._deliver(items)
+        try:
+            self._deliver(items)
+        except Exception:
+            # run_sync_soon turns an exception into TrioInternalError: the whole daemon
+            # would end (and unmount).  Lose this batch, never the mount.
+            log.exception("handing %d item(s) to the trio thread failed", len(items))

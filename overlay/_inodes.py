@@ -10,15 +10,28 @@ of a write through a hard-linked file records all of them.  Directories keep an
 ``O_PATH`` fd (opened lazily, closed on forget/rmdir) so children are reached with one
 ``*at`` call; a directory fd follows its inode across renames.
 
+Directory fds are a bounded cache, not one fd per known directory: the kernel keeps
+every inode it looked up (a ``find`` over the workspace: thousands) and an fd per inode
+ran the daemon out of fds.  At most ``limit`` fds stay open (``_fdbudget``: a quarter
+of ``RLIMIT_NOFILE``), least recently used first out.  An fd handed out is *borrowed*
+until the current FUSE request ends: every handler starts with ``begin_request()``, and
+an fd used since then is never closed by eviction or ``shed()`` (LRU order makes those
+a suffix of the cache).  When no room can be made, ``dir_fd`` answers None and the
+caller walks from the root with an fd of its own (``_resolve.open_parent``), as for a
+directory the table does not know.
+
 Only the trio thread touches the table (no locking).
 """
 
 from __future__ import annotations
 
+import collections
 import os
 import stat
 
 import pyfuse3
+
+from ._fdbudget import EXHAUSTED, dir_cache_size
 
 __all__ = ["Inode", "InodeTable"]
 
@@ -27,7 +40,7 @@ _PATH_DIR = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 class Inode:
     __slots__ = ("ino", "key", "paths", "nlookup", "is_dir", "dir_fd", "seen", "handles",
-                 "wrote", "st")
+                 "wrote", "st", "used")
 
     def __init__(self, ino: int, key, is_dir: bool):
         self.ino = ino
@@ -40,6 +53,7 @@ class Inode:
         self.handles: set[int] = set()  # open file handles (fstat for unlinked files)
         self.wrote = False              # data written since the kernel last pushed times
         self.st = None                  # the last stat result sent to the kernel
+        self.used = 0                   # the request that last borrowed dir_fd
 
     @property
     def path(self) -> bytes | None:
@@ -56,7 +70,7 @@ def child(parent: bytes, name: bytes) -> bytes:
 class InodeTable:
     """Maps and bookkeeping; no I/O except opening/closing directory fds."""
 
-    def __init__(self, root_fd: int):
+    def __init__(self, root_fd: int, limit: int | None = None):
         st = os.fstat(root_fd)
         self.root_fd = root_fd
         self.root = Inode(pyfuse3.ROOT_INODE, (st.st_dev, st.st_ino), True)
@@ -67,6 +81,9 @@ class InodeTable:
         self.by_key: dict[tuple[int, int], Inode] = {self.root.key: self.root}
         self.by_path: dict[bytes, Inode] = {b"": self.root}
         self._next = pyfuse3.ROOT_INODE + 1
+        self.limit = dir_cache_size() if limit is None else limit
+        self._open: collections.OrderedDict[Inode, None] = collections.OrderedDict()  # LRU
+        self.tick = 1                   # the current request (see begin_request)
 
     def __getitem__(self, ino: int) -> Inode:
         return self.inodes[ino]
@@ -111,8 +128,7 @@ class InodeTable:
             del self.by_key[node.key]
         node.key = None
         if node.dir_fd is not None and node is not self.root:
-            os.close(node.dir_fd)
-            node.dir_fd = None
+            self._close_dir(node)
         for path in list(node.paths):
             if self.by_path.get(path) is node:
                 del self.by_path[path]
@@ -155,26 +171,96 @@ class InodeTable:
         self.move(b, a, nb is None or nb.is_dir)
         self.move(tmp, b, na is None or na.is_dir)
 
+    def begin_request(self) -> None:
+        """A new request starts: fds borrowed before it may be closed from now on."""
+        self.tick += 1
+
     def dir_fd(self, path: bytes) -> int | None:
-        """A cached ``O_PATH`` fd for directory *path* if it is in the table, else None."""
+        """A cached ``O_PATH`` fd for directory *path* (borrowed until the request ends),
+        or None if it is not in the table, is stale, or no fd can be had."""
         node = self.by_path.get(path)
         if node is None or not node.is_dir:
             return None
-        if node.dir_fd is None:
-            head, _, name = path.rpartition(b"/")
-            parent = self.dir_fd(head)
-            if parent is None:
+        fd = node.dir_fd
+        if fd is not None:
+            if node is not self.root:
+                node.used = self.tick
+                self._open.move_to_end(node)
+            return fd
+        # The deepest ancestor that has an fd (the root has), then down one name at a
+        # time — a loop, not recursion: a path may be ~2,000 directories deep.
+        chain = [(path, node)]
+        head = path
+        while True:
+            head = head.rpartition(b"/")[0]
+            parent = self.by_path.get(head)
+            if parent is None or not parent.is_dir:
+                return None
+            if parent.dir_fd is not None:
+                break
+            chain.append((head, parent))
+        fd = self.dir_fd(head)          # borrow it first: making room must not close it
+        if not self._make_room(len(chain)):
+            return None
+        for sub, sub_node in reversed(chain):
+            fd = self._open_child(fd, sub.rpartition(b"/")[2], sub_node)
+            if fd is None:
+                return None
+        return fd
+
+    def _open_child(self, parent_fd: int, name: bytes, node: Inode) -> int | None:
+        try:
+            fd = os.open(name, _PATH_DIR, dir_fd=parent_fd)
+        except OSError as exc:
+            if exc.errno not in EXHAUSTED or not self.shed():
                 return None
             try:
-                fd = os.open(name, _PATH_DIR, dir_fd=parent)
+                fd = os.open(name, _PATH_DIR, dir_fd=parent_fd)
             except OSError:
                 return None
+        try:
             st = os.fstat(fd)
-            if (st.st_dev, st.st_ino) != node.key:  # the table is stale for this name
-                os.close(fd)
-                return None
-            node.dir_fd = fd
-        return node.dir_fd
+        except OSError:
+            os.close(fd)
+            return None
+        if (st.st_dev, st.st_ino) != node.key:  # the table is stale for this name
+            os.close(fd)
+            return None
+        node.dir_fd = fd
+        node.used = self.tick
+        self._open[node] = None
+        return fd
+
+    def _make_room(self, n: int) -> bool:
+        """Evict least recently used fds until *n* more fit; False if the rest are all
+        borrowed by the current request."""
+        lru = self._open
+        while len(lru) + n > self.limit:
+            if not lru:
+                return False
+            oldest = next(iter(lru))
+            if oldest.used == self.tick:
+                return False
+            self._close_dir(oldest)
+        return True
+
+    def _close_dir(self, node: Inode) -> None:
+        self._open.pop(node, None)
+        fd, node.dir_fd = node.dir_fd, None
+        os.close(fd)
+
+    def shed(self) -> int:
+        """Close every cached fd not borrowed by the current request (fds ran out);
+        returns how many were closed."""
+        closed = 0
+        while self._open:
+            oldest = next(iter(self._open))
+            if oldest.used == self.tick:
+                break
+            self._close_dir(oldest)
+            closed += 1
+        return closed
 
     def statistics(self) -> dict:
-        return {"inodes": len(self.inodes), "paths": len(self.by_path)}
+        return {"inodes": len(self.inodes), "paths": len(self.by_path),
+                "dir_fds": len(self._open), "dir_fd_limit": self.limit}

@@ -27,10 +27,12 @@ import trio
 
 from store._errors import EXIT_USAGE, RewindfsError, all_error_classes
 
+from ._fdbudget import EXHAUSTED
+
 log = logging.getLogger(__name__)
 
-__all__ = ["BadJson", "BadParams", "BadReply", "BadVersion", "Forbidden", "LineBuffer",
-           "MAX_LINE", "MAX_REPLY_LINE", "TABLE",
+__all__ = ["BadJson", "BadParams", "BadReply", "BadVersion", "FdExhausted", "Forbidden",
+           "LineBuffer", "MAX_LINE", "MAX_REPLY_LINE", "TABLE",
            "TooLarge", "UnknownMethod", "VERSION", "call", "error_from_dict",
            "parse_request", "opt_str", "req_int", "req_str"]
 
@@ -84,6 +86,12 @@ class Forbidden(ProtocolError):
     """Peer uid {uid} may not use this daemon (same uid or root only)."""
 
     code = "forbidden"
+
+
+class FdExhausted(ProtocolError):
+    """The daemon is out of file descriptors (EMFILE); request refused, try again."""
+
+    code = "fd-exhausted"
 
 
 class DaemonGone(ProtocolError):
@@ -400,6 +408,10 @@ async def dispatch(ctx, line: bytes, send) -> None:
     except (trio.Cancelled, trio.BrokenResourceError, trio.ClosedResourceError):
         raise   # cancelled, or the client went away mid-reply (`rewindfs show | head`)
     except Exception as exc:  # a bug must not take the daemon down
+        if isinstance(exc, OSError) and exc.errno in EXHAUSTED:
+            log.warning("control request refused: %s", exc, exc_info=True)
+            await send(reply_error(rid, FdExhausted()))    # refuse this one request
+            return
         log.exception("control request failed")
         err = RewindfsError(f"internal error: {type(exc).__name__}: {exc}")
         err.code = "internal"

@@ -59,7 +59,6 @@ import errno
 import functools
 import logging
 import os
-import resource
 from dataclasses import dataclass, field
 
 from store import INLINE_MAX, NothingToRedo, Plan, RewindfsError, TurnOpen
@@ -68,6 +67,7 @@ from store._preimage import check_relpath
 
 from . import _restore_land as L
 from ._capture import capture, capture_images
+from ._fdbudget import dir_cache_size
 from ._ignore import IgnoreRules
 from ._resolve import DirCache, split
 from ._restore_adopt import Adopter, unshare_epoch
@@ -251,9 +251,7 @@ def _classify(dirs: DirCache, action, rules, groups, store) -> str:
 
 def _dir_cache(root_fd: int) -> DirCache:
     """A run's directory fds: at most a quarter of the fd limit, at most 4096."""
-    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    limit = 4096 if soft == resource.RLIM_INFINITY else max(16, min(4096, soft // 4))
-    return DirCache(root_fd, limit)
+    return DirCache(root_fd, dir_cache_size())
 
 
 def _foreign(store, ws, target, paths, session):
@@ -401,6 +399,10 @@ def _capture_parent(run: _Run, relpath: bytes) -> tuple[int, bytes]:
     unlinks it, never following it) and lands the paths below in the same run; redo
     deletes them again and puts the symlink back.  The landing still resolves every
     path with ``O_NOFOLLOW``, so if the symlink is not replaced, nothing is written."""
+    # capture_images borrows a dir fd for one path at a time (its batch holds file
+    # fds, not dir fds), so the cache may be trimmed before each: bounded fds
+    if run.dirs.full:
+        run.dirs.trim()
     try:
         return run.dirs.parent(relpath)
     except PathEscape:

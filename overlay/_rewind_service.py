@@ -26,7 +26,7 @@ from store._errors import BadPath, PathEscape, RewindfsError
 from store._gc import policy_problem
 from store._preimage import check_relpath
 
-from . import _diff, _restore
+from . import _diff, _restore, _sys
 from ._handoff import Handoff
 from ._protocol import BadParams, check_text
 
@@ -286,7 +286,11 @@ async def _handle(method: str, ctx, params: dict, emit) -> dict:
     async with lock:
         if changes:
             await ctx.flush_writes()
-        result = await _run_streaming(SYNC[method], ctx, params, emit)
+        try:
+            result = await _run_streaming(SYNC[method], ctx, params, emit)
+        finally:
+            if method in ("rewind", "redo", "gc"):
+                await trio.to_thread.run_sync(_sys.malloc_trim)
         if changes:
             await ctx.invalidations_settled()
         return result
@@ -323,8 +327,14 @@ async def _run_streaming(fn, ctx, params: dict, emit) -> dict:
 
     async def pump() -> None:
         async with recv_ch:
-            async for events in recv_ch:
-                await emit(*events)
+            try:
+                async for events in recv_ch:
+                    await emit(*events)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                # The client hung up: the rewind runs on (it cannot be stopped half-way);
+                # its remaining events are drained and dropped, the reply fails later.
+                async for events in recv_ch:
+                    pass
 
     send = Handoff(trio.lowlevel.current_trio_token(), send_ch.send_nowait).put
 

@@ -1,5 +1,5 @@
 """The few Linux calls the standard library lacks: ``renameat2``, ``utimensat`` with
-``UTIME_OMIT``, ``syncfs``.  Each raises ``OSError`` with the kernel's errno."""
+``UTIME_OMIT``, ``syncfs``, ``malloc_trim``.  Each raises ``OSError`` with the kernel's errno."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import ctypes
 import ctypes.util
 import os
 
-__all__ = ["RENAME_EXCHANGE", "RENAME_NOREPLACE", "UTIME_OMIT", "renameat2", "syncfs",
-           "utimensat"]
+__all__ = ["RENAME_EXCHANGE", "RENAME_NOREPLACE", "UTIME_OMIT", "malloc_trim", "renameat2",
+           "syncfs", "utimensat"]
 
 RENAME_NOREPLACE = 1
 RENAME_EXCHANGE = 2
@@ -53,6 +53,15 @@ def utimensat(dir_fd: int, name: bytes, atime_ns: int | None, mtime_ns: int | No
     """Set atime/mtime of *name* (not following a symlink); ``None`` leaves one as is."""
     times = (_Timespec * 2)(_ts(atime_ns), _ts(mtime_ns))
     _check(_libc.utimensat(dir_fd, name, times, AT_SYMLINK_NOFOLLOW), "utimensat", name)
+
+
+def malloc_trim() -> None:
+    """Give the C heap's free memory back to the kernel (every malloc arena, glibc).
+    A rewind or gc in a worker thread leaves tens of MB free in that thread's arena,
+    which glibc would otherwise keep: the daemon's RSS crept up with each one."""
+    trim = getattr(_libc, "malloc_trim", None)
+    if trim is not None:
+        trim(0)
 
 
 def syncfs(fd: int) -> None:

@@ -15,6 +15,16 @@ whether they stay flat as the history grows.  Figures, not assertions.
 With ``--gc-keep N`` it finally runs ``gc`` keeping the newest N epochs (timed) and one
 more window of turns, to show the freed space being reused (growth ~0).
 
+``--stress SECONDS`` is the other mode: a separate process runs an fsstress-like load
+through the mount (create, write, append, truncate, rename of files and directories,
+unlink, mkdir, rmdir, hard links, now and then fdatasync) for the whole run while this
+one marks a turn every ``--mark-every`` seconds, runs ``gc`` every ``--gc-every``
+seconds and a rewind (a few turns back) every ``--rewind-every`` seconds.  Per window of
+``--window-s`` seconds it prints the daemon's fd count and RSS, the turn-mark latency
+(p50/p99 of ``turn.begin`` and of ``turn.end``) and the load's op rate:
+
+    .venv/bin/python scripts/soak.py --stress 600            # 10 minutes, windows of 60 s
+
 Run as root (it mounts FUSE).  Everything lives in a temporary directory that is
 unmounted and removed at the end (``--keep`` keeps the store for inspection).
 """
@@ -198,6 +208,200 @@ def soak(turns: int, window: int, seed: int, top: Path, gc_keep: int | None) -> 
     return result
 
 
+# -- stress mode: fsstress-like load + turn marks, gc, rewinds ---------------------------
+
+def _load(root: str, seed: int, ops, errors, stop) -> None:
+    """The load process: random namespace and data operations in ``root`` (through the
+    mount) until ``stop`` is set; failures (a name another op just moved) are counted."""
+    rng = random.Random(seed)
+    files: list[str] = []
+    dirs = [root]
+    blob = os.urandom(1 << 20)
+
+    def size() -> int:
+        r = rng.random()
+        return rng.randint(0, 4096) if r < 0.64 else (
+            rng.randint(4096, 65536) if r < 0.94 else rng.randint(65536, 1 << 20))
+
+    def newname(prefix: str) -> str:
+        return os.path.join(rng.choice(dirs), f"{prefix}{rng.randrange(1 << 30):x}")
+
+    while not stop.is_set():
+        roll = rng.random()
+        try:
+            if roll < 0.25 or not files:                        # create + write
+                path = newname("f")
+                with open(path, "wb") as f:
+                    off = rng.randrange(len(blob) // 2)
+                    f.write(blob[off:off + size()])
+                files.append(path)
+            elif roll < 0.45:                                   # overwrite in place
+                path = rng.choice(files)
+                with open(path, "r+b") as f:
+                    f.seek(rng.randint(0, 65536))
+                    f.write(blob[:size()])
+                    if rng.random() < 0.02:
+                        os.fdatasync(f.fileno())
+            elif roll < 0.55:                                   # append
+                with open(rng.choice(files), "ab") as f:
+                    f.write(blob[:rng.randint(1, 8192)])
+            elif roll < 0.62:                                   # truncate
+                os.truncate(rng.choice(files), rng.randint(0, 32768))
+            elif roll < 0.72:                                   # rename a file
+                i = rng.randrange(len(files))
+                new = newname("r")
+                os.rename(files[i], new)
+                files[i] = new
+            elif roll < 0.80 and len(files) > 50:               # unlink
+                os.unlink(files.pop(rng.randrange(len(files))))
+            elif roll < 0.85:                                   # hard link
+                new = newname("l")
+                os.link(rng.choice(files), new)
+                files.append(new)
+            elif roll < 0.90 and len(dirs) < 40:                # mkdir
+                path = newname("d")
+                os.mkdir(path)
+                dirs.append(path)
+            elif roll < 0.93 and len(dirs) > 1:                 # rmdir (if empty)
+                path = rng.choice(dirs[1:])
+                if not os.listdir(path):
+                    os.rmdir(path)
+                    dirs.remove(path)
+            elif roll < 0.95 and len(dirs) > 1:                 # rename a directory
+                i = rng.randrange(1, len(dirs))
+                old, new = dirs[i], os.path.join(root, f"m{rng.randrange(1 << 30):x}")
+                os.rename(old, new)
+                dirs[:] = [new + d[len(old):] if d == old or d.startswith(old + "/") else d
+                           for d in dirs]
+                files[:] = [new + f[len(old):] if f.startswith(old + "/") else f
+                            for f in files]
+            else:                                               # read back
+                with open(rng.choice(files), "rb") as f:
+                    f.read(65536)
+            if len(files) > 400:
+                os.unlink(files.pop(rng.randrange(len(files))))
+        except OSError:
+            with errors.get_lock():
+                errors.value += 1
+            # a rewind may have moved names under us: forget what no longer exists
+            files[:] = [f for f in files if os.path.lexists(f)]
+            dirs[:] = [d for d in dirs if os.path.isdir(d)] or [root]
+        with ops.get_lock():
+            ops.value += 1
+
+
+def _proc_sample(pid: int) -> tuple[int, int, int]:
+    """(open fds, RSS, anonymous RSS in KiB) of process *pid*; the rest of the RSS is
+    file pages, mostly the store's LMDB map."""
+    fds = len(os.listdir(f"/proc/{pid}/fd"))
+    with open(f"/proc/{pid}/status") as f:
+        kv = dict(line.split(":", 1) for line in f if ":" in line)
+    return fds, int(kv["VmRSS"].split()[0]), int(kv["RssAnon"].split()[0])
+
+
+def stress(seconds: float, top: Path, seed: int, *, mark_every: float, window_s: float,
+           gc_every: float, rewind_every: float, store_top: Path | None = None) -> dict:
+    import multiprocessing
+    ws, store = top / "ws", (store_top or top) / "store"
+    ws.mkdir()
+    (ws / "load").mkdir()
+    for i in range(40):
+        (ws / f"f{i}.txt").write_text(f"f{i}.txt v0\n")
+    log = open(top / "daemon.log", "w")
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    proc = subprocess.Popen([sys.executable, "-m", "overlay.cli", "--store", str(store),
+                             "mount", str(ws), "--foreground"], cwd=REPO, stdout=log,
+                            stderr=subprocess.STDOUT, env=env)
+    mp = multiprocessing.get_context("fork")
+    ops, errors, stop = mp.Value("q", 0), mp.Value("q", 0), mp.Event()
+    load = None
+    rows, rewinds, gcs = [], [], []
+    try:
+        deadline = time.monotonic() + 30
+        while not _is_mounted(ws):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("the daemon did not mount; see " + str(top / "daemon.log"))
+            time.sleep(0.01)
+        ctl = Control(control_socket_path(store, ws))
+        pid = ctl.call("status")["pid"]
+        load = mp.Process(target=_load, args=(str(ws / "load"), seed, ops, errors, stop))
+        load.start()
+        t0 = time.monotonic()
+        next_window, next_gc, next_rewind = t0 + window_s, t0 + gc_every, t0 + rewind_every
+        begin_ms, end_ms, epochs, turn = [], [], [], 0
+        last_ops, fds_max = 0, 0
+        while time.monotonic() - t0 < seconds:
+            turn += 1
+            a = time.perf_counter()
+            epochs.append(ctl.call("turn.begin", session="soak", turn=turn,
+                                   label=f"turn {turn}")["epoch"])
+            begin_ms.append((time.perf_counter() - a) * 1e3)
+            time.sleep(mark_every)
+            a = time.perf_counter()
+            ctl.call("turn.end", session="soak")
+            end_ms.append((time.perf_counter() - a) * 1e3)
+            fds_max = max(fds_max, _proc_sample(pid)[0])
+            now = time.monotonic()
+            if now >= next_gc:
+                a = time.perf_counter()
+                rep = ctl.call("gc", keep_epochs=60, grace_s=10)
+                gcs.append({"s": time.perf_counter() - a,
+                            "epochs_dropped": rep["epochs_dropped"]})
+                next_gc = now + gc_every
+            if now >= next_rewind and len(epochs) > 5:
+                a = time.perf_counter()
+                try:
+                    rep = ctl.call("rewind", to=f"e{epochs[-5]}")
+                    code = rep["exit_code"]
+                    why = sorted({f["code"] for f in rep.get("failed") or []})
+                except RuntimeError as exc:
+                    code, why = str(exc)[:80], []
+                rewinds.append({"s": time.perf_counter() - a, "exit": code, "failed": why})
+                next_rewind = now + rewind_every
+            if now >= next_window:
+                fds, rss, anon = _proc_sample(pid)
+                n = ops.value
+                rows.append({"t_s": now - t0, "turns": turn, "fds": fds,
+                             "fds_max": max(fds_max, fds), "rss_mb": rss / 1024, "anon_mb": anon / 1024,
+                             "begin_p50_ms": pct(begin_ms, 50),
+                             "begin_p99_ms": pct(begin_ms, 99),
+                             "end_p50_ms": pct(end_ms, 50), "end_p99_ms": pct(end_ms, 99),
+                             "load_ops_s": (n - last_ops) / window_s,
+                             "load_errors": errors.value,
+                             "inodes": ctl.call("status")["fs"].get("inodes")})
+                print_stress_row(rows[-1])
+                begin_ms, end_ms, last_ops, fds_max = [], [], n, 0
+                next_window = now + window_s
+    finally:
+        stop.set()
+        if load is not None:
+            load.join(30)
+            if load.is_alive():
+                load.kill()
+        subprocess.run([sys.executable, "-m", "overlay.cli", "--store", str(store),
+                        "unmount", str(ws)], cwd=REPO, capture_output=True, env=env)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            subprocess.run(["fusermount3", "-uz", str(ws)], capture_output=True)
+            proc.kill()
+            proc.wait()
+        log.close()
+    fsck = subprocess.run([sys.executable, "-m", "overlay.cli", "--store", str(store), "fsck",
+                           "--json"], cwd=REPO, capture_output=True, text=True, env=env)
+    return {"seconds": seconds, "mark_every": mark_every, "windows": rows,
+            "rewinds": rewinds, "gcs": gcs, "daemon_exit": proc.returncode,
+            "fsck_exit": fsck.returncode}
+
+
+def print_stress_row(r: dict) -> None:
+    print(f"{r['t_s']:5.0f} s {r['turns']:>5} turns | fds {r['fds']:4d} (max {r['fds_max']:4d})"
+          f" rss {r['rss_mb']:6.1f} MB (anon {r['anon_mb']:5.1f}) | begin p50 {r['begin_p50_ms']:7.2f} ms"
+          f" p99 {r['begin_p99_ms']:7.2f} ms | end p50 {r['end_p50_ms']:7.2f} ms"
+          f" p99 {r['end_p99_ms']:7.2f} ms | load {r['load_ops_s']:6.0f} op/s"
+          f" ({r['load_errors']} errors) | {r['inodes']} inodes", flush=True)
+
+
 def print_row(r: dict) -> None:
     print(f"{r['turns']:>7}  begin p50 {r['begin_p50_ms']:6.2f} ms"
           f"  p99 {r['begin_p99_ms']:6.2f} ms"
@@ -217,7 +421,18 @@ def main(argv=None) -> int:
     ap.add_argument("--keep", action="store_true", help="keep the temporary directory")
     ap.add_argument("--gc-keep", type=int, metavar="N", help="afterwards, gc keeping the "
                     "newest N epochs, then one more window of turns")
+    ap.add_argument("--stress", type=float, metavar="SECONDS", help="the stress mode "
+                    "(fsstress-like load, marks, gc, rewinds) for this long")
+    ap.add_argument("--mark-every", type=float, default=2.0, help="stress: seconds a turn "
+                    "stays open")
+    ap.add_argument("--window-s", type=float, default=60.0, help="stress: seconds per row")
+    ap.add_argument("--gc-every", type=float, default=60.0)
+    ap.add_argument("--rewind-every", type=float, default=90.0)
+    ap.add_argument("--store-in", metavar="DIR", help="stress: put the store in a new "
+                    "directory under DIR (e.g. /dev/shm: no disk flush in the figures)")
     args = ap.parse_args(argv)
+    if args.stress is not None:
+        return main_stress(args)
     window = args.window or (1000 if args.turns >= 10_000 else max(1, args.turns // 10))
     top = Path(tempfile.mkdtemp(prefix="rewindfs-soak-"))
     try:
@@ -238,6 +453,31 @@ def main(argv=None) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
     return 0 if result["fsck_exit"] == 0 else 1
+
+
+def main_stress(args) -> int:
+    top = Path(tempfile.mkdtemp(prefix="rewindfs-soak-"))
+    store_top = Path(tempfile.mkdtemp(prefix="rewindfs-soak-store-", dir=args.store_in)) \
+        if args.store_in else None
+    try:
+        result = stress(args.stress, top, args.seed, mark_every=args.mark_every,
+                        window_s=args.window_s, gc_every=args.gc_every,
+                        rewind_every=args.rewind_every, store_top=store_top)
+    finally:
+        if not args.keep and not _is_mounted(top / "ws"):
+            shutil.rmtree(top, ignore_errors=True)
+            if store_top is not None:
+                shutil.rmtree(store_top, ignore_errors=True)
+    rw = result["rewinds"]
+    why = sorted({c for r in rw for c in r.get("failed", [])})
+    print(f"{len(rw)} rewinds (exit codes {sorted(set(str(r['exit']) for r in rw))}, "
+          f"failure codes {why}, "
+          f"median {statistics.median(r['s'] for r in rw) if rw else 0:.2f} s), "
+          f"{len(result['gcs'])} gc runs; daemon exit {result['daemon_exit']}, "
+          f"fsck exit {result['fsck_exit']}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1))
+    return 0 if result["fsck_exit"] == 0 and result["daemon_exit"] == 0 else 1
 
 
 if __name__ == "__main__":

@@ -98,8 +98,10 @@ def _stop(ws, store, proc) -> list[str]:
 
 
 @contextlib.contextmanager
-def mounted(ws, store, *, extra=(), env=None, require_clean=True):
-    """Mount *ws* with store *store* for the duration of the block (see module doc)."""
+def mounted(ws, store, *, extra=(), env=None, require_clean=True, preexec_fn=None):
+    """Mount *ws* with store *store* for the duration of the block (see module doc);
+    ``preexec_fn`` runs in the daemon's process before it starts (e.g. a low
+    ``RLIMIT_NOFILE``)."""
     ws = pathlib.Path(ws)
     store = pathlib.Path(store)
     ws.mkdir(parents=True, exist_ok=True)
@@ -108,7 +110,8 @@ def mounted(ws, store, *, extra=(), env=None, require_clean=True):
     cmd = [PYTHON, "-m", "overlay.cli", "--store", os.fspath(store), "mount", os.fspath(ws),
            "--foreground", *extra]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                            env=dict(os.environ, PYTHONPATH=str(ROOT), **(env or {})))
+                            env=dict(os.environ, PYTHONPATH=str(ROOT), **(env or {})),
+                            preexec_fn=preexec_fn)
     problems = []
     try:
         deadline = time.monotonic() + _START_S
