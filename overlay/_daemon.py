@@ -117,26 +117,21 @@ class DaemonContext:
 
     async def flush_writes(self) -> None:
         """Push the kernel's dirty pages of this mount to the daemon (writeback cache),
-        so a turn boundary splits writes at the moment it is requested (only if a file
-        is open for writing: ``fs.writers_open``); then, still in
-        the worker thread, write the store's dirty pages to disk, so the store's own
-        flush at the boundary (``begin_turn``/``end_turn``, on the trio thread, where it
-        stalls every FUSE request) finds little left to write."""
+        so a turn boundary splits writes at the moment it is requested — only if a file
+        is open for writing (``fs.writers_open``): a closed file's pages were written
+        back at its last close.  The store is not flushed here: a boundary becomes
+        durable through ``_sync_store`` within ``_FLUSH_EVERY_S``, or earlier through
+        any fsync that depends on it (docs/store.md "Durability")."""
         path = self.workspace_path
-        store = self.store
-        writeback = self.fs.enable_writeback_cache and self.fs.writers_open()
+        if not (self.fs.enable_writeback_cache and self.fs.writers_open()):
+            return
 
         def sync():
-            if writeback:
-                fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-                try:
-                    _sys.syncfs(fd)
-                finally:
-                    os.close(fd)
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
             try:
-                store.flush()
-            except RewindfsError as exc:   # the boundary's own flush will report it
-                log.warning("flushing the store before a turn mark failed: %s", exc)
+                _sys.syncfs(fd)
+            finally:
+                os.close(fd)
 
         for attempt in (1, 2):
             try:
@@ -381,23 +376,21 @@ async def _fuse_main(ctx) -> None:
 _FLUSH_EVERY_S = 0.25
 
 
-async def _flush_store(ctx) -> None:
-    """Write the store's committed pages to disk in the background, in a worker thread,
-    every ``_FLUSH_EVERY_S`` while captures happen.  Durability does not depend on it
-    (turn boundaries and rewinds flush, docs/store.md); it keeps the pages a boundary's
-    flush must write few, so a turn mark under a heavy write load waits for a quarter
-    second of captures at most, not for the whole turn's."""
-    last = ctx.fs.stats["captures"]
+async def _sync_store(ctx) -> None:
+    """Make the store's commits durable in the background, in a worker thread, within
+    ``_FLUSH_EVERY_S`` of being committed.  Turn boundaries rely on it (a mark under a
+    heavy write load would otherwise wait 1–40 ms for the disk inside its round trip),
+    and it narrows the window in which a change nobody fsynced can reach the disk
+    before its pre-image to a quarter second, below ext4's 5 s commit interval
+    (docs/store.md "Durability").  Checking costs a lock and two integer reads."""
     while True:
         await trio.sleep(_FLUSH_EVERY_S)
-        now = ctx.fs.stats["captures"]
-        if now == last:
+        if not ctx.store.has_unsynced():
             continue
-        last = now
         try:
-            await trio.to_thread.run_sync(ctx.store.flush)
-        except Exception as exc:   # the next boundary's own flush reports it
-            log.warning("background flush of the store failed: %s", exc)
+            await trio.to_thread.run_sync(ctx.store.sync)
+        except Exception as exc:   # the next fsync through the mount reports it (EIO)
+            log.warning("background sync of the store failed: %s", exc)
 
 
 async def _signals(ctx) -> None:
@@ -413,7 +406,7 @@ async def _run(ctx, listener) -> None:
         nursery.start_soon(_fuse_main, ctx)
         nursery.start_soon(serve_control, ctx, listener)
         nursery.start_soon(_signals, ctx)
-        nursery.start_soon(_flush_store, ctx)
+        nursery.start_soon(_sync_store, ctx)
         await ctx.shutdown.wait()
         nursery.cancel_scope.cancel()
 

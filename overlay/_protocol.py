@@ -229,7 +229,8 @@ async def turn_begin(ctx, params: dict, emit) -> dict:
         # No await between the epoch switch and telling the filesystem: no FUSE request
         # can run in between, so every change lands in exactly one of the two epochs.
         # another session's open turn: TurnOpen (nothing changed) unless forced
-        epoch = ctx.store.begin_turn(ctx.ws, session, turn, label, force=force)
+        epoch = ctx.store.begin_turn(ctx.ws, session, turn, label, force=force,
+                                     flush=False)   # durable within _FLUSH_EVERY_S
         ctx.fs.set_epoch(epoch.id)
     return {"epoch": epoch.id}
 
@@ -244,7 +245,7 @@ async def turn_end(ctx, params: dict, emit) -> dict:
     async with _mutation_lock(ctx):
         await ctx.flush_writes()
         # no await until set_epoch (see turn_begin); another session's turn stays open
-        epoch = ctx.store.end_turn(ctx.ws, session)
+        epoch = ctx.store.end_turn(ctx.ws, session, flush=False)
         ctx.fs.set_epoch(epoch.id)
     return {"epoch": epoch.id}
 

@@ -103,6 +103,12 @@ class Store:
         self._check_usable()
         return _txn.sync(self._env)
 
+    def has_unsynced(self) -> bool:
+        """A write transaction of this process committed since the last sync: what
+        ``sync()`` would write.  A lock and two integer reads."""
+        counts = _txn.sync_statistics(self._env)
+        return counts["commits"] != counts["synced"]
+
     def _w(self):
         self._check_usable()
         return _txn.write(self._env)
@@ -166,21 +172,23 @@ class Store:
             return _epoch.current(txn, self._db, ws)
 
     def begin_turn(self, ws, session: str, turn: int, label: str,
-                   force: bool = False) -> _epoch.Epoch:
+                   force: bool = False, *, flush: bool = True) -> _epoch.Epoch:
         """Open a ``turn`` epoch; idempotent for the turn already open, otherwise the
         open epoch (idle, rewind, or a turn of the same session) is closed first.
         Another session's open turn raises ``TurnOpen`` (nothing changes) unless
-        ``force``."""
+        ``force``.  ``flush=False`` leaves the boundary to the caller's next ``sync()``
+        (the daemon's background sync, docs/store.md "Durability")."""
         _session.check_session(session)
         if not isinstance(turn, int) or isinstance(turn, bool) or not 0 <= turn < 1 << 32:
             raise _session.BadSession(session=session, reason=f"bad turn number {turn!r}")
         with self._w() as txn:
             e = _session.begin_turn(txn, self._db, ws, session, turn, str(label),
                                     force=bool(force))
-        self.flush()
+        if flush:
+            self.flush()
         return e
 
-    def end_turn(self, ws, session: str | None = None) -> _epoch.Epoch:
+    def end_turn(self, ws, session: str | None = None, *, flush: bool = True) -> _epoch.Epoch:
         """Close the open turn and open an ``idle`` epoch (returned); without an open
         turn, return the current epoch unchanged.  With ``session``, the open turn must
         belong to it (``BadSession`` otherwise, and nothing changes): a harness ending
@@ -194,7 +202,8 @@ class Store:
                     session=session, reason=f"the open turn belongs to session "
                                             f"{cur.session!r}; nothing was ended")
             e = _epoch.open_new(txn, self._db, ws, "idle")
-        self.flush()
+        if flush:
+            self.flush()
         return e
 
     def open_turn(self, ws) -> _epoch.Epoch | None:

@@ -21,6 +21,7 @@ import contextlib
 import os
 import random
 import subprocess
+import time
 
 import pytest
 
@@ -109,7 +110,7 @@ def _op_plain(ws, rel, data, rng) -> list[bytes]:
     return []                                  # not made durable: nothing to check
 
 
-OPS = [_op_osync]
+OPS = [_op_fsync, _op_osync, _op_save, _op_plain]
 
 
 def _check_copy(mnt, epoch: int, durable: set, start: dict, now: dict) -> list[str]:
@@ -210,6 +211,35 @@ def test_durable_changes_have_durable_preimages(tmp_path, writeback):
                 failed += bool(found)
         print(f"writeback={writeback}: {len(seeds)} trials, {failed} failures")
         assert not problems, "\n".join(problems)
+
+
+def test_turn_marks_reach_the_disk_without_an_fsync(tmp_path):
+    """A turn mark replies before the store is flushed (docs/store.md "Durability"); the
+    daemon's background sync puts it on disk within a quarter second.  A copy taken
+    well after that (2 s: eight sync periods) must hold the turn's epoch and the
+    pre-image of an unsynced change made in it."""
+    from store import Store
+
+    image = tmp_path / "disk.img"
+    with loop_ext4(image, tmp_path / "disk", make=True) as disk:
+        ws = disk / "ws"
+        ws.mkdir()
+        (ws / "a").write_bytes(b"before")
+        with mounted(ws, disk / "store") as m:
+            epoch = m.call("turn.begin", session="s", turn=1, label="t")["epoch"]
+            (ws / "a").write_bytes(b"after")          # captured, nobody fsyncs
+            time.sleep(2)
+            copy = tmp_path / "copy.img"
+            _run("cp", "--sparse=always", str(image), str(copy))   # the power cut
+        with loop_ext4(copy, tmp_path / "copy", make=False) as mnt:
+            st = Store.open(mnt / "store", create=False)
+            try:
+                (wsid, _), = st.workspaces()
+                assert epoch in [e.id for e in st.epochs(wsid)]
+                img = dict(st.journal(wsid, epoch))[b"a"]
+                assert st.read_blob(img.blob) == b"before"
+            finally:
+                st.close()
 
 
 def _store_syncs(m) -> int:
