@@ -96,6 +96,8 @@ def last(txn, db, ws: int) -> Epoch | None:
     elif not cur.last():
         return None
     key = cur.key()
+    if len(key) != 12:
+        raise S.corrupt("ws_epochs", key, "malformed key")
     if S.read_u32(key) != ws:
         return None
     S.unseal("ws_epochs", key, cur.value())

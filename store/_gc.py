@@ -81,7 +81,8 @@ def _pending_redos(epochs) -> list[_epoch.Epoch]:
 def _retain(store, report, keep_epochs, max_age_s, max_bytes, drop_redo) -> None:
     db, now = store._db, time.time_ns()
     with store._w() as txn:
-        ws_ids = [S.read_u32(k) for k in txn.cursor(db=db["ws_paths"]).iternext(values=False)]
+        ws_ids = [S.read_u32(k) for k in txn.cursor(db=db["ws_paths"]).iternext(values=False)
+                  if len(k) == 4]    # another key is damage, named by fsck
         totals = {ws: _epoch.all_of(txn, db, ws) for ws in ws_ids}
         per_ws = {ws: _droppable(epochs, drop_redo) for ws, epochs in totals.items()}
         doomed: list[_epoch.Epoch] = []

@@ -87,7 +87,12 @@ def decode_value(key: bytes, raw):
     try:
         return _decode(key, raw)
     except IndexCorrupt as exc:
-        return bytes(key[12:]), Damaged(S.read_u64(key, 4), exc.details["reason"])
+        return bytes(key[12:]), Damaged(key_epoch(key), exc.details["reason"])
+
+
+def key_epoch(key: bytes) -> int:
+    """The epoch a journal key names (0 for a key too short to name one: damage)."""
+    return S.read_u64(key, 4) if len(key) >= 12 else 0
 
 
 
@@ -104,15 +109,18 @@ def entries(txn, db, ws: int, epoch_id: int):
 
 def entries_from(txn, db, ws: int, epoch_id: int):
     """Yield (epoch id, path, PreImage) of every epoch >= ``epoch_id`` of ``ws``, in
-    epoch order."""
+    epoch order.  The epoch bound is checked on every key, not only trusted to the
+    seek: a damaged branch page can make ``set_range`` land early."""
     prefix = S.u32(ws)
     cur = txn.cursor(db=db["journal"])
     if cur.set_range(S.ws_epoch_key(ws, epoch_id)):
         for key, raw in cur:
             if key[:4] != prefix:
                 break
-            path, img = decode_value(key, raw)
-            yield S.read_u64(key, 4), path, img
+            eid = key_epoch(key)
+            if eid >= epoch_id:
+                path, img = decode_value(key, raw)
+                yield eid, path, img
 
 
 def delete_epoch(txn, db, ws: int, epoch_id: int) -> int:

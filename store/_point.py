@@ -34,7 +34,9 @@ def _epochs_of(txn, db, ws: int, path: bytes, epoch_id: int = 0):
         if len(key) != len(prefix) + 8 or key[:len(prefix)] != prefix:
             return
         S.unseal("touched", key, raw)
-        yield S.read_u64(key, len(prefix))
+        eid = S.read_u64(key, len(prefix))
+        if eid >= epoch_id:         # not only trusted to the seek (a damaged page)
+            yield eid
 
 
 def _touched_under(txn, db, ws: int, top: bytes):
@@ -157,6 +159,8 @@ def _reconcile(txn, db, ws, epoch_id, out, decided, short) -> None:
         for key, raw in cur:
             if key[:4] != prefix:
                 break
+            if len(key) < 13:
+                continue            # a damaged key: fsck names it
             eid = S.read_u64(key, len(key) - 8)
             if eid < epoch_id:
                 continue

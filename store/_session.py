@@ -123,7 +123,8 @@ def own_turns(txn, db, ws: int, session: str) -> dict[int, int]:
         for key, value in cur:
             if key[:len(prefix)] != prefix:
                 break
-            out[S.read_u32(key, len(prefix))] = turn_epoch(key, value)
+            eid = turn_epoch(key, value)        # verifies the key too
+            out[S.read_u32(key, len(prefix))] = eid
     return out
 
 
@@ -131,7 +132,7 @@ def turn_epoch(key: bytes, raw) -> int:
     """The epoch id a ``turns`` entry names, verified (``IndexCorrupt``)."""
     payload = S.unseal("turns", key, raw)
     with S.decoding("turns", key):
-        if len(key) < 9 or len(payload) != 8:
+        if len(key) < 9 or len(payload) != 8:   # ws u32 + session + NUL + turn u32
             raise ValueError("not an epoch id")
         return S.read_u64(payload)
 

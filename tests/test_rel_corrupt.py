@@ -362,7 +362,7 @@ def flip_base(tmp_path_factory):
 def test_single_bit_flips_in_the_index_are_named_never_restored_wrong(flip_base):
     """Flip one bit of the index per trial: the rewind is exact, or names the damage."""
     store_path, ws, points, data, final, final_snap = flip_base
-    failures = []
+    failures, tally = [], {}
     seeds = trials(FLIP_TRIALS)
     for seed in seeds:
         rng = random.Random(seed)
@@ -383,5 +383,9 @@ def test_single_bit_flips_in_the_index_are_named_never_restored_wrong(flip_base)
             _judge(points[point], final_snap, _snap(ws), *res)
         if why is not None:
             failures.append(f"seed {seed} (byte {bit // 8} bit {bit % 8}, e{point}): {why}")
-    print(f"{len(seeds)} trials, {len(failures)} failures")
+        else:
+            outcome = {0: "exact", 1: "named", 2: "refused"}[res[1][0]]
+            tally[outcome] = tally.get(outcome, 0) + 1
+            tally["fsck-flagged"] = tally.get("fsck-flagged", 0) + (res[0][0] != 0)
+    print(f"{len(seeds)} trials, {len(failures)} failures {tally}")
     assert not failures, "\n".join(failures)
