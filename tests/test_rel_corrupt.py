@@ -13,7 +13,7 @@ import os
 
 import pytest
 
-from mountkit import cli
+from mountkit import cli, mounted
 from restorekit import History
 from store import Store
 from store import _schema as S
@@ -177,6 +177,32 @@ def test_a_damaged_journal_key_names_the_real_path(tmp_path, at):
         if rel != victim:
             assert tree[rel].data == data, rel
     assert set(tree) == {b"big", b"small", b"ok1", b"d", b"d/ok2", b"text"}
+
+
+@pytest.mark.mount
+def test_a_flipped_bit_in_a_journal_value_is_named_through_the_daemon(tmp_path):
+    """One bit of a sealed journal value (its mode: the setgid bit) flipped: the
+    daemon's rewind does not restore it (the checksum fails), names the path and the
+    epoch in ``failed``, lands the rest, and answers ``exit_code`` 1."""
+    store_path, ws, epoch, base = _history(tmp_path)
+    victim = b"ok1"
+    with Store.open(store_path) as store:
+        key = S.journal_key(store.workspace(os.fsencode(ws)), epoch, victim)
+        with store._w() as txn:
+            raw = txn.get(key, db=store._db["journal"])
+            value = S.unpack(raw[:-S.CHECKSUM])
+            value[0][1] ^= 0o2000                     # the mode's setgid bit
+            txn.put(key, S.pack(value) + raw[-S.CHECKSUM:], db=store._db["journal"])
+    with mounted(ws, store_path) as m:
+        res = m.call("rewind", to=f"e{epoch}")
+    assert res["exit_code"] == 1, res
+    assert [(f["path"], f["code"]) for f in res["failed"]] == [("ok1", "index-corrupt")]
+    assert f"epoch {epoch}" in res["failed"][0]["message"]
+    tree, _ = snapshot(ws)
+    assert tree[victim].data == b"changed ok1" and not tree[victim].mode & 0o2000
+    for rel, data in base.items():
+        if rel != victim:
+            assert tree[rel].data == data, rel
 
 
 # -- single-bit flips anywhere in the index (issue 12, item 5) ------------------------------
