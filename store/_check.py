@@ -95,8 +95,8 @@ def check(store) -> FsckReport:
 
 # How fsck reads each database's values (journal: ``_check_journal``; blobs: by hash).
 _READERS = {
-    "epochs": _epoch._decode, "turns": _session.turn_epoch,
-    "touched": _point._touched_path, "ws_paths": lambda k, v: S.unseal("ws_paths", k, v),
+    "epochs": _epoch.decode, "turns": _session.turn_epoch,
+    "touched": _point.touched_path, "ws_paths": lambda k, v: S.unseal("ws_paths", k, v),
     "ws_epochs": lambda k, v: S.unseal("ws_epochs", k, v),
 }
 
@@ -215,7 +215,7 @@ def _epoch_records(txn, db):
     """Every epoch record that reads (damaged ones are named by ``_check_records``)."""
     for key, raw in txn.cursor(db=db["epochs"]):
         try:
-            yield _epoch._decode(key, raw)
+            yield _epoch.decode(key, raw)
         except IndexCorrupt:
             pass
 

@@ -49,7 +49,7 @@ def _encode(e: Epoch) -> bytes:
                                 e.started_ns, e.ended_ns, e.paths, e.bytes, e.target])
 
 
-def _decode(key: bytes, raw) -> Epoch:
+def decode(key: bytes, raw) -> Epoch:
     """The epoch record at ``key``, verified; ``IndexCorrupt`` names it if damaged."""
     fields = S.load("epochs", key, raw)
     with S.decoding("epochs", key):
@@ -63,7 +63,7 @@ def _decode(key: bytes, raw) -> Epoch:
 def get(txn, db, epoch_id: int) -> Epoch | None:
     key = S.u64(epoch_id)
     raw = txn.get(key, db=db["epochs"])
-    return None if raw is None else _decode(key, raw)
+    return None if raw is None else decode(key, raw)
 
 
 def get_known(txn, db, epoch_id) -> Epoch:
@@ -107,7 +107,7 @@ def last(txn, db, ws: int) -> Epoch | None:
 def every(txn, db):
     """Yield every epoch of the store (all workspaces), by id."""
     for key, raw in txn.cursor(db=db["epochs"]):
-        yield _decode(key, raw)
+        yield decode(key, raw)
 
 
 def ids_of(txn, db, ws: int):

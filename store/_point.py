@@ -49,12 +49,12 @@ def _touched_under(txn, db, ws: int, top: bytes):
     for key, raw in cur:
         if key[:len(prefix)] != prefix:
             break
-        path = _touched_path(key, raw)
+        path = touched_path(key, raw)
         if path != top and is_under(path, top):
             yield path, S.read_u64(key, len(key) - 8)
 
 
-def _touched_path(key: bytes, raw) -> bytes:
+def touched_path(key: bytes, raw) -> bytes:
     """The full path of a ``touched`` entry, verified (``IndexCorrupt``)."""
     value = S.unseal("touched", key, raw)
     if len(key) < 13 or (value and S.pkey(value) != key[4:-9]):
@@ -165,7 +165,7 @@ def _reconcile(txn, db, ws, epoch_id, out, decided, short) -> None:
             if eid < epoch_id:
                 continue
             try:
-                path = _touched_path(key, raw)
+                path = touched_path(key, raw)
             except IndexCorrupt:
                 continue            # fsck names it; its journal entry decides alone
             if path in decided and decided[path] <= eid:

@@ -64,7 +64,6 @@ The full path of a hashed key is kept in the value.
 
 from __future__ import annotations
 
-import contextlib
 import struct
 
 import lmdb
@@ -155,18 +154,29 @@ def dump(key: bytes, obj) -> bytes:
 def load(db: str, key: bytes, raw) -> object:
     """The msgpack value sealed under ``key`` in ``db``, verified (``IndexCorrupt``)."""
     payload = unseal(db, key, raw)
-    with decoding(db, key):
-        return unpack(payload)
-
-
-@contextlib.contextmanager
-def decoding(db: str, key: bytes):
-    """Inside: turning a verified value into objects.  Anything a malformed value can
-    raise leaves as ``IndexCorrupt`` naming the record."""
     try:
-        yield
+        return unpack(payload)
     except DECODE_ERRORS as exc:
         raise corrupt(db, key, f"undecodable ({type(exc).__name__})") from None
+
+
+class decoding:
+    """``with decoding(db, key):`` around turning a verified value into objects.
+    Anything a malformed value can raise leaves as ``IndexCorrupt`` naming the record.
+    (A class, not ``contextlib.contextmanager``: it runs once per record read.)"""
+
+    __slots__ = ("db", "key")
+
+    def __init__(self, db: str, key: bytes):
+        self.db, self.key = db, key
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, typ, exc, tb):
+        if typ is not None and issubclass(typ, DECODE_ERRORS):
+            raise corrupt(self.db, self.key, f"undecodable ({typ.__name__})") from None
+        return False
 
 
 def corrupt(db: str, key: bytes, reason: str) -> IndexCorrupt:
