@@ -253,7 +253,10 @@ class BlobArea:
                 raw = txn.get(key, db=self.db)
                 if raw is None:      # collected meanwhile: store it the ordinary way
                     return None
-                self._touch(txn, key, S.unpack(raw))
+                entry = _entry_or_none(key, raw)
+                if entry is None:    # damaged meanwhile: the ordinary put repairs it
+                    return None
+                self._touch(txn, key, entry)
         return key, n
 
     def differs(self, key: bytes, fd: int) -> bool:
@@ -389,8 +392,7 @@ class BlobArea:
     def _commit_inline_in(self, txn, key: bytes, data: bytes) -> tuple[bytes, int]:
         """Store one inline blob inside the caller's write transaction ``txn`` (a key
         put earlier in the same transaction is seen, so a batch dedups within itself)."""
-        raw = txn.get(key, db=self.db)
-        old = None if raw is None else S.unpack(raw)
+        old = _entry_or_none(key, txn.get(key, db=self.db))
         if old is not None and self._accept_existing(key, old, len(data), data, None):
             self._touch(txn, key, old)
         else:
@@ -403,8 +405,7 @@ class BlobArea:
     def _commit_file(self, key: bytes, size: int, tmp_path: str) -> tuple[bytes, int]:
         try:
             with _txn.write(self.env) as txn:
-                raw = txn.get(key, db=self.db)
-                old = None if raw is None else S.unpack(raw)
+                old = _entry_or_none(key, txn.get(key, db=self.db))
                 if old is not None and self._accept_existing(key, old, size, None, tmp_path):
                     self._touch(txn, key, old)
                     return key, size
@@ -461,7 +462,7 @@ class BlobArea:
             raw = txn.get(key, db=self.db)
         if raw is None:
             raise BlobMissing(key=key.hex())
-        return S.unpack(raw)
+        return decode_entry(key, raw)
 
     def _iter_raw(self, key: bytes, entry):
         """The blob's content in chunks, inline payloads decoded; not verified."""
@@ -545,6 +546,34 @@ def _codec():
         _codecs.pair = (zstandard.ZstdCompressor(level=ZSTD_LEVEL, write_checksum=False),
                         zstandard.ZstdDecompressor())
         return _codecs.pair
+
+
+def decode_entry(key: bytes, raw) -> list:
+    """``[size, where, touched_ns, data]`` of a blob entry; ``BlobCorrupt`` if it does not
+    decode (blob entries are not sealed: the content hash verifies them on read)."""
+    try:
+        entry = S.unpack(raw)
+        size, where, touched, data = entry
+        if not all(type(n) is int for n in (size, where, touched)) \
+                or where not in (S.INLINE, S.FILE, S.INLINE_ZSTD) \
+                or (data is None) != (where == S.FILE) \
+                or not (data is None or isinstance(data, bytes)):
+            raise ValueError("malformed")
+        return entry
+    except S.DECODE_ERRORS as exc:
+        raise BlobCorrupt(key=bytes(key).hex(),
+                          reason=f"its index entry does not decode ({type(exc).__name__})"
+                          ) from None
+
+
+def _entry_or_none(key: bytes, raw) -> list | None:
+    """The entry, or None if there is none or it is damaged (a put then replaces it)."""
+    if raw is None:
+        return None
+    try:
+        return decode_entry(key, raw)
+    except BlobCorrupt:
+        return None
 
 
 def _encode_inline(data: bytes) -> tuple[int, bytes]:

@@ -45,18 +45,25 @@ class Epoch:
 
 
 def _encode(e: Epoch) -> bytes:
-    return S.pack([e.workspace, e.kind, e.session, e.turn, e.label, e.started_ns,
-                   e.ended_ns, e.paths, e.bytes, e.target])
+    return S.dump(S.u64(e.id), [e.workspace, e.kind, e.session, e.turn, e.label,
+                                e.started_ns, e.ended_ns, e.paths, e.bytes, e.target])
 
 
-def _decode(epoch_id: int, raw) -> Epoch:
-    ws, kind, session, turn, label, started, ended, paths, nbytes, target = S.unpack(raw)
-    return Epoch(epoch_id, ws, kind, session, turn, label, started, ended, paths, nbytes, target)
+def decode(key: bytes, raw) -> Epoch:
+    """The epoch record at ``key``, verified; ``IndexCorrupt`` names it if damaged."""
+    fields = S.load("epochs", key, raw)
+    with S.decoding("epochs", key):
+        ws, kind, session, turn, label, started, ended, paths, nbytes, target = fields
+        if kind not in KINDS:
+            raise ValueError(kind)
+        return Epoch(S.read_u64(key), ws, kind, session, turn, label, started, ended,
+                     paths, nbytes, target)
 
 
 def get(txn, db, epoch_id: int) -> Epoch | None:
-    raw = txn.get(S.u64(epoch_id), db=db["epochs"])
-    return None if raw is None else _decode(epoch_id, raw)
+    key = S.u64(epoch_id)
+    raw = txn.get(key, db=db["epochs"])
+    return None if raw is None else decode(key, raw)
 
 
 def get_known(txn, db, epoch_id) -> Epoch:
@@ -89,25 +96,30 @@ def last(txn, db, ws: int) -> Epoch | None:
     elif not cur.last():
         return None
     key = cur.key()
+    if len(key) != 12:
+        raise S.corrupt("ws_epochs", key, "malformed key")
     if S.read_u32(key) != ws:
         return None
+    S.unseal("ws_epochs", key, cur.value())
     return get(txn, db, S.read_u64(key, 4))
 
 
 def every(txn, db):
     """Yield every epoch of the store (all workspaces), by id."""
     for key, raw in txn.cursor(db=db["epochs"]):
-        yield _decode(S.read_u64(key), raw)
+        yield decode(key, raw)
 
 
 def ids_of(txn, db, ws: int):
-    """Yield, ascending, the epoch ids the workspace index names for ``ws``."""
+    """Yield, ascending, the epoch ids the workspace index names for ``ws`` (each
+    index entry verified: ``IndexCorrupt``)."""
     cur = txn.cursor(db=db["ws_epochs"])
     prefix = S.u32(ws)
     if cur.set_range(prefix):
-        for key in cur.iternext(values=False):
+        for key, raw in cur:
             if key[:4] != prefix:
                 return
+            S.unseal("ws_epochs", key, raw)
             yield S.read_u64(key, 4)
 
 
@@ -132,12 +144,21 @@ def open_new(txn, db, ws: int, kind: str, *, session=None, turn=None, label="",
     if prev is not None:
         close(txn, db, prev)
     meta = db["meta"]
-    eid = S.unpack(txn.get(b"next_epoch", db=meta))
-    txn.put(b"next_epoch", S.pack(eid + 1), db=meta)
+    eid = next_id(txn, db)
+    txn.put(b"next_epoch", S.dump(b"next_epoch", eid + 1), db=meta)
     e = Epoch(eid, ws, kind, session, turn, label, time.time_ns(), None, 0, 0, target)
     put(txn, db, e)
-    txn.put(S.ws_epoch_key(ws, eid), b"", db=db["ws_epochs"])
+    key = S.ws_epoch_key(ws, eid)
+    txn.put(key, S.seal(key, b""), db=db["ws_epochs"])
     return e
+
+
+def next_id(txn, db) -> int:
+    """``meta/next_epoch``, verified."""
+    n = S.load("meta", b"next_epoch", txn.get(b"next_epoch", db=db["meta"]) or b"")
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise S.corrupt("meta", b"next_epoch", f"not an epoch id: {n!r}")
+    return n
 
 
 def current(txn, db, ws: int) -> Epoch:

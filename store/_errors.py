@@ -72,7 +72,7 @@ class BlobCorrupt(StoreError):
 
 
 class IndexCorrupt(StoreError):
-    """The store's index entry for {path!r} (epoch {epoch}) is damaged: {reason}."""
+    """The store's {record} is damaged ({reason}); `rewindfs fsck` lists every damaged record."""
 
     code = "index-corrupt"
     traceback = False

@@ -28,7 +28,8 @@ from dataclasses import dataclass
 
 from . import _epoch, _journal, _txn
 from . import _schema as S
-from ._errors import EXIT_USAGE, RewindfsError
+from ._blob import decode_entry
+from ._errors import EXIT_USAGE, BlobCorrupt, RewindfsError
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +118,8 @@ def _pending_redos(epochs) -> list[_epoch.Epoch]:
 def _retain(store, report, keep_epochs, max_age_s, max_bytes, drop_redo) -> None:
     db, now = store._db, time.time_ns()
     with store._w() as txn:
-        ws_ids = [S.read_u32(k) for k in txn.cursor(db=db["ws_paths"]).iternext(values=False)]
+        ws_ids = [S.read_u32(k) for k in txn.cursor(db=db["ws_paths"]).iternext(values=False)
+                  if len(k) == 4]    # another key is damage, named by fsck
         totals = {ws: _epoch.all_of(txn, db, ws) for ws in ws_ids}
         per_ws = {ws: _droppable(epochs, drop_redo) for ws, epochs in totals.items()}
         doomed: list[_epoch.Epoch] = []
@@ -159,7 +161,8 @@ def _drop_epoch(txn, db, e: _epoch.Epoch, report: GcReport) -> None:
     txn.delete(S.u64(e.id), db=db["epochs"])
     if e.kind == "turn" and e.session is not None:
         tkey = S.turn_key(e.workspace, e.session, e.turn)
-        if txn.get(tkey, db=db["turns"]) == S.u64(e.id):
+        raw = txn.get(tkey, db=db["turns"])
+        if raw is not None and S.is_sealed(tkey, raw) and raw[:8] == S.u64(e.id):
             txn.delete(tkey, db=db["turns"])
     report.epochs_dropped += 1
     log.info("gc dropped epoch %d of workspace %d", e.id, e.workspace)
@@ -182,22 +185,31 @@ def _drop_unreferenced(store, report, cutoff) -> list[bytes]:
     with store._r() as txn:
         refs = referenced_blobs(txn, db)
         cands = [bytes(k) for k, raw in txn.cursor(db=db["blobs"])
-                 if bytes(k) not in refs and S.unpack(raw)[2] < cutoff]
+                 if bytes(k) not in refs and _touched_before(k, raw, cutoff)]
     files = []
     with store._w() as txn:
         for key in cands:
             raw = txn.get(key, db=db["blobs"])
             if raw is None:
                 continue
-            size, where, touched, _ = S.unpack(raw)
-            if touched >= cutoff:   # re-put since the scan: a capture is using it
-                continue
+            if not _touched_before(key, raw, cutoff):
+                continue   # re-put since the scan (a capture is using it) or damaged
+            size, where, _touched, _ = decode_entry(key, raw)
             txn.delete(key, db=db["blobs"])
             report.blobs_removed += 1
             report.bytes_freed += size
             if where == S.FILE:
                 files.append(key)
     return files
+
+
+def _touched_before(key, raw, cutoff) -> bool:
+    """Whether the blob entry was last put before ``cutoff``; a damaged entry is left
+    for fsck to name, never collected on a guess."""
+    try:
+        return decode_entry(key, raw)[2] < cutoff
+    except BlobCorrupt:
+        return False
 
 
 def blob_files(root: str):

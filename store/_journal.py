@@ -11,15 +11,10 @@ current one (otherwise the mutation would land in an epoch without its pre-image
 
 from __future__ import annotations
 
-import msgpack
-
 from . import _epoch
 from . import _schema as S
 from ._errors import IndexCorrupt, StoreError
 from ._preimage import Damaged, PreImage, check_relpath, decode, encode
-
-# What a damaged journal value raises while being decoded.
-_DECODE_ERRORS = (ValueError, TypeError, IndexError, KeyError, msgpack.UnpackException)
 
 
 class EpochClosed(StoreError):
@@ -38,13 +33,12 @@ def record(txn, db, ws: int, epoch_id: int, entries) -> list[bool]:
         check_relpath(path)
         if not isinstance(img, PreImage):
             raise TypeError(f"not a PreImage: {img!r}")
-        pk = S.pkey(path)
-        value = S.pack([encode(img), path if S.is_hashed(pk) else None])
-        new = txn.put(S.journal_key(ws, epoch_id, path), value, db=db["journal"],
-                      overwrite=False)
+        pk, key = S.pkey(path), S.journal_key(ws, epoch_id, path)
+        value = S.dump(key, [encode(img), path if S.is_hashed(pk) else None])
+        new = txn.put(key, value, db=db["journal"], overwrite=False)
         if new:
-            txn.put(S.touched_key(ws, path, epoch_id), path if S.is_hashed(pk) else b"",
-                    db=db["touched"])
+            tkey = S.touched_key(ws, path, epoch_id)
+            txn.put(tkey, S.seal(tkey, path if S.is_hashed(pk) else b""), db=db["touched"])
             added += 1
             nbytes += img.size if img.kind == "file" else 0
         result.append(new)
@@ -61,33 +55,44 @@ def is_recorded(txn, db, ws: int, epoch_id: int, path: bytes) -> bool:
 def get(txn, db, ws: int, epoch_id: int, path: bytes) -> PreImage | None:
     """The pre-image of ``path`` in that epoch, ``None`` if none; ``IndexCorrupt`` if
     its entry is damaged."""
-    img = get_or_damaged(txn, db, ws, epoch_id, path)
-    if isinstance(img, Damaged):
-        raise IndexCorrupt(path=path, epoch=epoch_id, reason=img.reason)
-    return img
+    key = S.journal_key(ws, epoch_id, path)
+    raw = txn.get(key, db=db["journal"])
+    return None if raw is None else _decode(key, raw)[1]
 
 
 def get_or_damaged(txn, db, ws: int, epoch_id: int, path: bytes):
     """As ``get``, but a damaged entry comes back as a ``Damaged`` marker."""
-    raw = txn.get(S.journal_key(ws, epoch_id, path), db=db["journal"])
-    if raw is None:
-        return None
     try:
-        return decode(S.unpack(raw)[0])
-    except _DECODE_ERRORS as exc:
-        return Damaged(epoch_id, f"undecodable entry ({type(exc).__name__})")
+        return get(txn, db, ws, epoch_id, path)
+    except IndexCorrupt as exc:
+        return Damaged(epoch_id, exc.details["reason"])
+
+
+def _decode(key: bytes, raw) -> tuple[bytes, PreImage]:
+    """(path, PreImage) of one verified journal value, else ``IndexCorrupt``."""
+    value = S.load("journal", key, raw)
+    with S.decoding("journal", key):
+        fields, full = value
+        path = bytes(key[12:]) if full is None else full
+        if not isinstance(path, bytes) or S.pkey(path) != key[12:]:
+            raise ValueError("the full path does not match the key")
+        return path, decode(fields)
 
 
 def decode_value(key: bytes, raw):
-    """``(path, PreImage | Damaged)`` of one journal key/value.  The path of a damaged
-    value is read from its key (a hashed long path then shows its key form)."""
+    """``(path, PreImage | Damaged)`` of one journal key/value.  The path and epoch of
+    a damaged entry are read from its key (a hashed long path then shows its key form;
+    a damaged key may name a path or epoch that never was — the per-path index still
+    names the real one, see ``_point.targets``)."""
     try:
-        fields, full = S.unpack(raw)
-        path = full if full is not None else bytes(key[12:])
-        return path, decode(fields)
-    except _DECODE_ERRORS as exc:
-        return bytes(key[12:]), Damaged(S.read_u64(key, 4),
-                                        f"undecodable entry ({type(exc).__name__})")
+        return _decode(key, raw)
+    except IndexCorrupt as exc:
+        return bytes(key[12:]), Damaged(key_epoch(key), exc.details["reason"])
+
+
+def key_epoch(key: bytes) -> int:
+    """The epoch a journal key names (0 for a key too short to name one: damage)."""
+    return S.read_u64(key, 4) if len(key) >= 12 else 0
 
 
 
@@ -104,15 +109,18 @@ def entries(txn, db, ws: int, epoch_id: int):
 
 def entries_from(txn, db, ws: int, epoch_id: int):
     """Yield (epoch id, path, PreImage) of every epoch >= ``epoch_id`` of ``ws``, in
-    epoch order."""
+    epoch order.  The epoch bound is checked on every key, not only trusted to the
+    seek: a damaged branch page can make ``set_range`` land early."""
     prefix = S.u32(ws)
     cur = txn.cursor(db=db["journal"])
     if cur.set_range(S.ws_epoch_key(ws, epoch_id)):
         for key, raw in cur:
             if key[:4] != prefix:
                 break
-            path, img = decode_value(key, raw)
-            yield S.read_u64(key, 4), path, img
+            eid = key_epoch(key)
+            if eid >= epoch_id:
+                path, img = decode_value(key, raw)
+                yield eid, path, img
 
 
 def delete_epoch(txn, db, ws: int, epoch_id: int) -> int:

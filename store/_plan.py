@@ -36,7 +36,7 @@ class Plan:
     target: int
     actions: list[Action] = field(default_factory=list)
     paths: set[bytes] = field(default_factory=set)
-    damaged: dict[bytes, str] = field(default_factory=dict)   # path → why: no action
+    damaged: dict[bytes, str] = field(default_factory=dict)   # path → "epoch N: why"
 
     def __iter__(self):
         return iter(self.actions)
@@ -58,7 +58,8 @@ def build(target: int, states: dict[bytes, PreImage]) -> Plan:
     """Order the target ``states`` (path → PreImage) into a ``Plan``.  A ``Damaged``
     state (its journal entry no longer decodes) gets no action: it is listed in
     ``Plan.damaged`` so the restore engine names it while the rest lands."""
-    damaged = {p: img.reason for p, img in states.items() if img.kind == "damaged"}
+    damaged = {p: f"epoch {img.epoch}: {img.reason}"
+               for p, img in states.items() if img.kind == "damaged"}
     states = {p: img for p, img in states.items() if img.kind != "damaged"}
     deletes = sorted((p for p, img in states.items() if img.kind == "absent"),
                      key=lambda p: (-depth(p), p))

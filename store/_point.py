@@ -8,9 +8,10 @@ per-path index; ``targets`` collects the rule for every touched path of a point.
 
 from __future__ import annotations
 
-from . import _journal
+from . import _epoch, _journal
 from . import _schema as S
-from ._preimage import PreImage, check_relpath, is_under
+from ._errors import IndexCorrupt
+from ._preimage import Damaged, PreImage, check_relpath, is_under
 
 
 def state_at(txn, db, ws: int, epoch_id: int, path: bytes) -> PreImage | None:
@@ -29,10 +30,13 @@ def _epochs_of(txn, db, ws: int, path: bytes, epoch_id: int = 0):
     cur = txn.cursor(db=db["touched"])
     if not cur.set_range(prefix + S.u64(epoch_id)):
         return
-    for key in cur.iternext(values=False):
+    for key, raw in cur:
         if len(key) != len(prefix) + 8 or key[:len(prefix)] != prefix:
             return
-        yield S.read_u64(key, len(prefix))
+        S.unseal("touched", key, raw)
+        eid = S.read_u64(key, len(prefix))
+        if eid >= epoch_id:         # not only trusted to the seek (a damaged page)
+            yield eid
 
 
 def _touched_under(txn, db, ws: int, top: bytes):
@@ -42,12 +46,20 @@ def _touched_under(txn, db, ws: int, top: bytes):
     cur = txn.cursor(db=db["touched"])
     if not cur.set_range(prefix):
         return
-    for key, value in cur:
+    for key, raw in cur:
         if key[:len(prefix)] != prefix:
             break
-        path = bytes(value) if value else bytes(key[4:-9])
+        path = touched_path(key, raw)
         if path != top and is_under(path, top):
             yield path, S.read_u64(key, len(key) - 8)
+
+
+def touched_path(key: bytes, raw) -> bytes:
+    """The full path of a ``touched`` entry, verified (``IndexCorrupt``)."""
+    value = S.unseal("touched", key, raw)
+    if len(key) < 13 or (value and S.pkey(value) != key[4:-9]):
+        raise S.corrupt("touched", key, "the full path does not match the key")
+    return value or bytes(key[4:-9])
 
 
 def _touched_at(txn, db, ws: int, top: bytes, epoch_id: int, newest: bool):
@@ -101,11 +113,71 @@ def all_touches(txn, db, ws: int, epoch_id: int, paths=None) -> dict[bytes, list
 
 def targets(txn, db, ws: int, epoch_id: int, paths=None) -> dict[bytes, PreImage]:
     """The state at point ``epoch_id`` of every path touched since (within ``paths``).
-    A path whose deciding entry is damaged maps to a ``Damaged`` marker."""
+    A path whose deciding entry is damaged maps to a ``Damaged`` marker.
+
+    A whole-workspace target reads the journal alone, and checks it against the
+    epochs' own counts (``Epoch.paths``, kept in the transaction that records the
+    entries): an entry whose key was damaged, or lost with a page, would otherwise
+    just be missing — its path silently left as it is now.  On any damage or shortfall
+    the per-path index is read too, and every path it says was touched at or after
+    the point with no readable entry deciding it is ``Damaged``; a shortfall the index
+    cannot explain raises ``IndexCorrupt`` (nothing can be planned safely).  Restricted
+    to ``paths`` the per-path index is the source, each entry verified."""
     if paths is None or b"" in paths:
-        out: dict[bytes, PreImage] = {}
-        for _eid, path, img in _journal.entries_from(txn, db, ws, epoch_id):
-            out.setdefault(path, img)
-        return out
+        return _whole_targets(txn, db, ws, epoch_id)
     return {path: _journal.get_or_damaged(txn, db, ws, eid, path)
             for path, eid in touched_since(txn, db, ws, epoch_id, paths).items()}
+
+
+def _whole_targets(txn, db, ws: int, epoch_id: int) -> dict[bytes, PreImage]:
+    out: dict[bytes, PreImage] = {}
+    decided: dict[bytes, int] = {}       # path → epoch of the entry that decides it
+    found: dict[int, int] = {}           # epoch (as its keys say) → entries
+    damaged = False
+    for eid, path, img in _journal.entries_from(txn, db, ws, epoch_id):
+        damaged = damaged or isinstance(img, Damaged)
+        found[eid] = found.get(eid, 0) + 1
+        if path not in out:
+            out[path], decided[path] = img, eid
+    listed = {eid: _epoch.get(txn, db, eid)
+              for eid in _epoch.ids_of(txn, db, ws) if eid >= epoch_id}
+    # an epoch record or list entry gone missing leaves its count unknown: reconcile
+    damaged = damaged or None in listed.values() or not set(found) <= set(listed)
+    short = {eid: e.paths - found.get(eid, 0) for eid, e in listed.items()
+             if e is not None and e.paths != found.get(eid, 0)}
+    if damaged or short:
+        _reconcile(txn, db, ws, epoch_id, out, decided, short)
+    return out
+
+
+def _reconcile(txn, db, ws, epoch_id, out, decided, short) -> None:
+    """Mark ``Damaged`` every path the per-path index says was touched in an epoch
+    >= ``epoch_id`` earlier than (or without) the entry that decided it."""
+    prefix = S.u32(ws)
+    cur = txn.cursor(db=db["touched"])
+    if cur.set_range(prefix):
+        for key, raw in cur:
+            if key[:4] != prefix:
+                break
+            if len(key) < 13:
+                continue            # a damaged key: fsck names it
+            eid = S.read_u64(key, len(key) - 8)
+            if eid < epoch_id:
+                continue
+            try:
+                path = touched_path(key, raw)
+            except IndexCorrupt:
+                continue            # fsck names it; its journal entry decides alone
+            if path in decided and decided[path] <= eid:
+                continue
+            if _journal.is_recorded(txn, db, ws, eid, path):
+                continue            # read in the scan (damaged or not)
+            out[path] = Damaged(eid, "its journal entry is missing")
+            decided[path] = eid
+            if eid in short:
+                short[eid] -= 1
+    unexplained = {e: n for e, n in short.items() if n > 0}
+    if unexplained:
+        eid = min(unexplained)
+        raise S.corrupt("epochs", S.u64(eid), f"it lists {unexplained[eid]} more "
+                        "journal entries than the journal and its index hold")

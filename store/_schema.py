@@ -6,11 +6,22 @@ LMDB's byte order is numeric order and a cursor ``set_range`` finds "the first e
 at or after N".  Values are msgpack (``use_bin_type``: bytes stay bytes, str stays str)
 except the raw blob payloads.
 
-Schema (``SCHEMA_VERSION`` = 2; 2 added ``INLINE_ZSTD``, a version-1 store is read as
-is and marked 2 when opened)::
+Every value except ``meta/schema`` and ``blobs`` is **sealed**: the bytes listed below
+followed by an 8-byte checksum, xxh3-64 of key + those bytes (``seal``/``load``; DESIGN
+invariant 15).  Covering the key too makes a damaged key as visible as a damaged value.
+``load``/``unseal`` verify on every read and raise ``IndexCorrupt`` naming the record
+(path and epoch where the key has them, ``describe``) — never a raw msgpack, Type or
+Attribute error.  ``blobs`` values are not sealed: what matters in them (size, kind,
+payload or file) is verified against the key, the content hash, on every read
+(``_blob``); only ``touched_ns`` is not, and it only times the collection of a blob no
+journal entry references.  ``meta/schema`` stays a bare msgpack int so that every
+version can read it and refuse a newer store.
+
+Schema (``SCHEMA_VERSION`` = 3; 2 added ``INLINE_ZSTD``, 3 sealed every value; an
+older store is upgraded in place when opened, see ``_upgrade``)::
 
     meta        key: ascii name                      value: msgpack
-                  b"schema"      -> int  schema version that wrote the store
+                  b"schema"      -> int  schema version that wrote the store (unsealed)
                   b"next_epoch"  -> int  next epoch id (allocated inside the write txn)
                   b"next_ws"     -> int  next workspace id
     workspaces  key: xxh3_128(real_path) (16 B)      value: [ws_id, real_path]
@@ -41,6 +52,8 @@ is and marked 2 when opened)::
                   key and size are always of the uncompressed content.
     intents     key: ws u32                          value: msgpack dict (rewind intent)
 
+    (every value above but ``meta/schema`` and ``blobs``: + xxh3_64(key + value), 8 B)
+
 ``pkey`` is the path as a key: the path itself when it is at most ``PKEY_LIMIT`` bytes
 (LMDB keys are at most 511 bytes), otherwise ``path[:PKEY_LIMIT] + b"\\xff" +
 xxh3_128(path)``.  A short path never contains NUL and a hashed one is exactly
@@ -57,9 +70,12 @@ import lmdb
 import msgpack
 import xxhash
 
-from ._errors import SchemaTooNew, StoreError
+from ._errors import IndexCorrupt, SchemaTooNew, StoreError
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
+SEALED_SINCE = 3
+CHECKSUM = 8                      # bytes of xxh3-64 after every sealed value
+UNSEALED = (b"blobs",)            # and meta/schema (see the module docstring)
 
 DATABASES = (
     b"meta", b"workspaces", b"ws_paths", b"epochs", b"ws_epochs", b"journal",
@@ -97,6 +113,98 @@ def pack(obj) -> bytes:
 
 def unpack(data) -> object:
     return msgpack.unpackb(data, raw=False)
+
+
+# -- sealed values: the one codec every store module uses ------------------------------
+# What decoding a damaged value can raise (a checksum that matches by chance, 1 in 2^64,
+# or a shape a module does not expect); ``decoding`` turns each into ``IndexCorrupt``.
+DECODE_ERRORS = (ValueError, TypeError, IndexError, KeyError, AttributeError,
+                 OverflowError, struct.error, msgpack.UnpackException)
+
+
+def _sum(key, payload) -> bytes:
+    return xxhash.xxh3_64_digest(bytes(key) + payload)
+
+
+def seal(key: bytes, payload: bytes) -> bytes:
+    """``payload`` as stored under ``key``: followed by its checksum."""
+    return payload + _sum(key, payload)
+
+
+def is_sealed(key: bytes, raw) -> bool:
+    raw = bytes(raw)
+    return len(raw) >= CHECKSUM and _sum(key, raw[:-CHECKSUM]) == raw[-CHECKSUM:]
+
+
+def unseal(db: str, key: bytes, raw) -> bytes:
+    """The payload of a sealed value; ``IndexCorrupt`` naming the record if it (or its
+    key) is damaged."""
+    raw = bytes(raw)
+    payload = raw[:-CHECKSUM]
+    if len(raw) < CHECKSUM or _sum(key, payload) != raw[-CHECKSUM:]:
+        raise corrupt(db, key, "checksum mismatch")
+    return payload
+
+
+def dump(key: bytes, obj) -> bytes:
+    """``obj`` as msgpack, sealed under ``key``."""
+    return seal(key, pack(obj))
+
+
+def load(db: str, key: bytes, raw) -> object:
+    """The msgpack value sealed under ``key`` in ``db``, verified (``IndexCorrupt``)."""
+    payload = unseal(db, key, raw)
+    try:
+        return unpack(payload)
+    except DECODE_ERRORS as exc:
+        raise corrupt(db, key, f"undecodable ({type(exc).__name__})") from None
+
+
+class decoding:
+    """``with decoding(db, key):`` around turning a verified value into objects.
+    Anything a malformed value can raise leaves as ``IndexCorrupt`` naming the record.
+    (A class, not ``contextlib.contextmanager``: it runs once per record read.)"""
+
+    __slots__ = ("db", "key")
+
+    def __init__(self, db: str, key: bytes):
+        self.db, self.key = db, key
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, typ, exc, tb):
+        if typ is not None and issubclass(typ, DECODE_ERRORS):
+            raise corrupt(self.db, self.key, f"undecodable ({typ.__name__})") from None
+        return False
+
+
+def corrupt(db: str, key: bytes, reason: str) -> IndexCorrupt:
+    """The error for a damaged record of ``db`` at ``key``."""
+    what, path, epoch = describe(db, key)
+    return IndexCorrupt(record=what, reason=reason, path=path, epoch=epoch, db=db)
+
+
+def describe(db: str, key: bytes) -> tuple[str, bytes | None, int | None]:
+    """(words, path, epoch) naming a record by its key; robust to a damaged key."""
+    key = bytes(key)
+    path = epoch = None
+    try:
+        if db == "journal" and len(key) >= 12:
+            path, epoch = key[12:], read_u64(key, 4)
+        elif db == "touched" and len(key) >= 13:
+            path, epoch = key[4:-9], read_u64(key, len(key) - 8)
+        elif db in ("epochs",) and len(key) == 8:
+            epoch = read_u64(key)
+        elif db == "ws_epochs" and len(key) == 12:
+            epoch = read_u64(key, 4)
+    except struct.error:
+        pass
+    if path is not None:
+        return f"{db} entry of {path!r} (epoch {epoch})", path, epoch
+    if epoch is not None:
+        return f"{db} record of epoch {epoch}", None, epoch
+    return f"{db} record {key!r}", None, None
 
 
 def pkey(path: bytes) -> bytes:
@@ -153,26 +261,48 @@ def open_env(index_dir: str, *, create: bool, sync: bool) -> tuple[lmdb.Environm
         # slots of readers whose process died would pin old pages and grow the file
         env.reader_check()
         dbs = {name.decode(): env.open_db(name) for name in DATABASES}
-        _check_version(env, dbs["meta"], index_dir)
+        _check_version(env, dbs, index_dir)
     except BaseException:
         env.close()
         raise
     return env, dbs
 
 
-def _check_version(env: lmdb.Environment, meta, index_dir: str) -> None:
+def _check_version(env: lmdb.Environment, dbs: dict, index_dir: str) -> None:
+    meta = dbs["meta"]
     with env.begin(write=True, db=meta) as txn:
         raw = txn.get(b"schema")
         if raw is None:
             txn.put(b"schema", pack(SCHEMA_VERSION))
-            txn.put(b"next_epoch", pack(1))
-            txn.put(b"next_ws", pack(1))
+            txn.put(b"next_epoch", dump(b"next_epoch", 1))
+            txn.put(b"next_ws", dump(b"next_ws", 1))
             return
-        found = unpack(raw)
+        with decoding("meta", b"schema"):
+            found = unpack(raw)
+            if not isinstance(found, int) or isinstance(found, bool) or found < 1:
+                raise ValueError(found)
         if found < SCHEMA_VERSION:
-            # every older layout is still read; an older program must now refuse the
-            # store instead of mistaking a compressed entry for a missing blob file
+            # an older program must now refuse the store: it would take a compressed
+            # entry for a missing blob file (2) or a sealed value for garbage (3)
+            if found < SEALED_SINCE:
+                _upgrade(txn, dbs)
             txn.put(b"schema", pack(SCHEMA_VERSION))
             return
     if found > SCHEMA_VERSION:
         raise SchemaTooNew(path=index_dir, found=found, supported=SCHEMA_VERSION)
+
+
+def _upgrade(txn, dbs: dict) -> None:
+    """Seal every value of a version-1/2 store, in the caller's one write transaction:
+    the store is upgraded entirely or not at all.  A version-2 value is exactly a
+    version-3 payload, so sealing appends the checksum and changes nothing else.  A
+    value that already verifies is left alone: a ``schema`` number damaged into an
+    older one must not seal values twice (a chance match is 1 in 2^64)."""
+    for name, db in dbs.items():
+        if name.encode() in UNSEALED:
+            continue
+        cur = txn.cursor(db=db)
+        for key, raw in cur:
+            if name == "meta" and key == b"schema" or is_sealed(key, raw):
+                continue
+            cur.put(key, seal(key, bytes(raw)))

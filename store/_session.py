@@ -58,7 +58,22 @@ def check_session(session) -> str:
 def ensure(txn, db, session: str) -> None:
     key = session.encode()
     if txn.get(key, db=db["sessions"]) is None:
-        txn.put(key, S.pack([None, None, time.time_ns()]), db=db["sessions"])
+        txn.put(key, S.dump(key, [None, None, time.time_ns()]), db=db["sessions"])
+
+
+def _record(txn, db, session: str):
+    """(parent, boundary turn, created_ns) of ``session``, verified; None if unknown."""
+    key = session.encode()
+    raw = txn.get(key, db=db["sessions"])
+    if raw is None:
+        return None
+    value = S.load("sessions", key, raw)
+    with S.decoding("sessions", key):
+        parent, boundary, created = value
+        if not (parent is None or isinstance(parent, str)) \
+                or not (boundary is None or isinstance(boundary, int)):
+            raise TypeError("parent or boundary")
+        return parent, boundary, created
 
 
 def begin_turn(txn, db, ws: int, session: str, turn: int, label: str,
@@ -76,30 +91,31 @@ def begin_turn(txn, db, ws: int, session: str, turn: int, label: str,
             raise TurnOpen(turn=cur.turn, session=cur.session)
     ensure(txn, db, session)
     e = _epoch.open_new(txn, db, ws, "turn", session=session, turn=turn, label=label)
-    txn.put(S.turn_key(ws, session, turn), S.u64(e.id), db=db["turns"])
+    key = S.turn_key(ws, session, turn)
+    txn.put(key, S.seal(key, S.u64(e.id)), db=db["turns"])
     return e
 
 
 def fork(txn, db, child: str, parent: str, boundary_turn: int) -> None:
     ensure(txn, db, parent)
     key = child.encode()
-    raw = txn.get(key, db=db["sessions"])
-    if raw is not None:
-        old_parent, old_boundary, _ = S.unpack(raw)
+    old = _record(txn, db, child)
+    if old is not None:
+        old_parent, old_boundary, _ = old
         if (old_parent, old_boundary) == (parent, boundary_turn):
             return
         if old_parent is not None:
             raise SessionConflict(child=child)
     if _ancestors(txn, db, parent) & {child}:
         raise SessionConflict(child=child)
-    txn.put(key, S.pack([parent, boundary_turn, time.time_ns()]), db=db["sessions"])
+    txn.put(key, S.dump(key, [parent, boundary_turn, time.time_ns()]), db=db["sessions"])
 
 
 def _ancestors(txn, db, session: str) -> set[str]:
     seen = {session}
     while True:
-        raw = txn.get(session.encode(), db=db["sessions"])
-        parent = S.unpack(raw)[0] if raw is not None else None
+        rec = _record(txn, db, session)
+        parent = rec[0] if rec is not None else None
         if parent is None or parent in seen:
             return seen
         seen.add(parent)
@@ -115,8 +131,18 @@ def own_turns(txn, db, ws: int, session: str) -> dict[int, int]:
         for key, value in cur:
             if key[:len(prefix)] != prefix:
                 break
-            out[S.read_u32(key, len(prefix))] = S.read_u64(value)
+            eid = turn_epoch(key, value)        # verifies the key too
+            out[S.read_u32(key, len(prefix))] = eid
     return out
+
+
+def turn_epoch(key: bytes, raw) -> int:
+    """The epoch id a ``turns`` entry names, verified (``IndexCorrupt``)."""
+    payload = S.unseal("turns", key, raw)
+    with S.decoding("turns", key):
+        if len(key) < 9 or len(payload) != 8:   # ws u32 + session + NUL + turn u32
+            raise ValueError("not an epoch id")
+        return S.read_u64(payload)
 
 
 def points(txn, db, ws: int, session: str) -> list[tuple[int, int]]:
@@ -128,10 +154,10 @@ def points(txn, db, ws: int, session: str) -> list[tuple[int, int]]:
         for turn, eid in own_turns(txn, db, ws, session).items():
             if (limit is None or turn <= limit) and turn not in merged:
                 merged[turn] = eid
-        raw = txn.get(session.encode(), db=db["sessions"])
-        if raw is None:
+        rec = _record(txn, db, session)
+        if rec is None:
             break
-        parent, boundary, _ = S.unpack(raw)
+        parent, boundary, _ = rec
         if boundary is not None:
             limit = boundary if limit is None else min(limit, boundary)
         session = parent

@@ -134,23 +134,25 @@ class Store:
         check_outside(self._real, real_path)
         hkey = xxhash.xxh3_128(real_path).digest()
         with self._r() as txn:
-            raw = txn.get(hkey, db=self._db["workspaces"])
-        if raw is not None:
-            return S.unpack(raw)[0]
+            ws = _workspace_id(txn, self._db, hkey, real_path)
+        if ws is not None:
+            return ws
         with self._w() as txn:   # look again: another process may have just added it
-            raw = txn.get(hkey, db=self._db["workspaces"])
-            if raw is not None:
-                return S.unpack(raw)[0]
+            ws = _workspace_id(txn, self._db, hkey, real_path)
+            if ws is not None:
+                return ws
             meta = self._db["meta"]
-            ws = S.unpack(txn.get(b"next_ws", db=meta))
-            txn.put(b"next_ws", S.pack(ws + 1), db=meta)
-            txn.put(hkey, S.pack([ws, real_path]), db=self._db["workspaces"])
-            txn.put(S.u32(ws), real_path, db=self._db["ws_paths"])
+            ws = S.load("meta", b"next_ws", txn.get(b"next_ws", db=meta) or b"")
+            if not isinstance(ws, int) or isinstance(ws, bool) or not 0 < ws < 1 << 32:
+                raise S.corrupt("meta", b"next_ws", f"not a workspace id: {ws!r}")
+            txn.put(b"next_ws", S.dump(b"next_ws", ws + 1), db=meta)
+            txn.put(hkey, S.dump(hkey, [ws, real_path]), db=self._db["workspaces"])
+            txn.put(S.u32(ws), S.seal(S.u32(ws), real_path), db=self._db["ws_paths"])
             return ws
 
     def workspaces(self) -> list[tuple[int, bytes]]:
         with self._r() as txn:
-            return [(S.read_u32(k), bytes(v)) for k, v in txn.cursor(db=self._db["ws_paths"])]
+            return workspace_paths(txn, self._db)
 
     def workspace_containing(self, real_path) -> tuple[int, bytes] | None:
         """``(id, root)`` of the innermost known workspace that is ``real_path`` or
@@ -374,7 +376,9 @@ class Store:
             _epoch.get_in(txn, self._db, ws, epoch_id)
             found = _point.touched_since(txn, self._db, ws, epoch_id, paths, newest=True)
             epochs = {eid: _epoch.get(txn, self._db, eid) for eid in set(found.values())}
-        return iter([(p, epochs[found[p]]) for p in sorted(found)])
+        # a damaged journal key may name an epoch that never was: fsck names it
+        return iter([(p, epochs[found[p]]) for p in sorted(found)
+                     if epochs[found[p]] is not None])
 
     def touches_since(self, ws, epoch_id, paths=None):
         """Every path touched in epochs >= ``epoch_id`` with *every* such epoch (oldest
@@ -385,7 +389,8 @@ class Store:
             found = _point.all_touches(txn, self._db, ws, epoch_id, paths)
             ids = {eid for eids in found.values() for eid in eids}
             epochs = {eid: _epoch.get(txn, self._db, eid) for eid in ids}
-        return iter([(p, [epochs[e] for e in found[p]]) for p in sorted(found)])
+        out = [(p, [epochs[e] for e in found[p] if epochs[e] is not None]) for p in sorted(found)]
+        return iter([(p, eps) for p, eps in out if eps])
 
     # -- intents ------------------------------------------------------------------------
     def put_intent(self, ws, intent: dict) -> None:
@@ -428,6 +433,29 @@ class Store:
         return {"path": str(self.path), "entries": stat,
                 "map_used_bytes": info["last_pgno"] * self._env.stat()["psize"],
                 "durability": _txn.sync_statistics(self._env)}
+
+
+def _workspace_id(txn, db, hkey: bytes, real_path: bytes) -> int | None:
+    """The id recorded for ``real_path`` (verified: ``IndexCorrupt``), None if none."""
+    raw = txn.get(hkey, db=db["workspaces"])
+    if raw is None:
+        return None
+    value = S.load("workspaces", hkey, raw)
+    with S.decoding("workspaces", hkey):
+        ws, recorded = value
+        if recorded != real_path or not isinstance(ws, int):
+            raise ValueError("another path or no id")
+        return ws
+
+
+def workspace_paths(txn, db) -> list[tuple[int, bytes]]:
+    """(id, real path) of every workspace, each verified (``IndexCorrupt``)."""
+    out = []
+    for key, raw in txn.cursor(db=db["ws_paths"]):
+        path = S.unseal("ws_paths", key, raw)
+        with S.decoding("ws_paths", key):
+            out.append((S.read_u32(key), path))
+    return out
 
 
 def _check_paths(paths):

@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 
 from . import _epoch, _gc
-from . import _schema as S
+from ._store import workspace_paths
 
 NO_SESSION = "(none)"
 
@@ -71,8 +71,7 @@ def usage(store, ws: int | None = None) -> dict:
     db = store._db
     with store._r() as txn:
         out = {"store": _store_section(store, txn), "workspaces": []}
-        for key, path in txn.cursor(db=db["ws_paths"]):
-            wid = S.read_u32(key)
+        for wid, path in workspace_paths(txn, db):
             if ws is None or wid == ws:
-                out["workspaces"].append(_workspace_section(txn, db, wid, bytes(path)))
+                out["workspaces"].append(_workspace_section(txn, db, wid, path))
     return out

@@ -70,10 +70,10 @@ def _age(store, ws, epoch_ids, by_ns: int) -> None:
     """Make some epochs look old (their start and end moved back by ``by_ns``)."""
     with store._w() as txn:
         for eid in epoch_ids:
-            fields = S.unpack(txn.get(S.u64(eid), db=store._db["epochs"]))
+            fields = S.load("epochs", S.u64(eid), txn.get(S.u64(eid), db=store._db["epochs"]))
             fields[5] -= by_ns
             fields[6] = None if fields[6] is None else fields[6] - by_ns
-            txn.put(S.u64(eid), S.pack(fields), db=store._db["epochs"])
+            txn.put(S.u64(eid), S.dump(S.u64(eid), fields), db=store._db["epochs"])
 
 
 def test_max_age(hist):
