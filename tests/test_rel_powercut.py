@@ -121,6 +121,8 @@ def _check_copy(mnt, epoch: int, durable: set, start: dict, now: dict) -> list[s
     from store import Store
 
     problems = []
+    if not durable:     # nothing made durable, nothing promised (not even the mark)
+        return problems
     for path, data in sorted(now.items()):
         try:
             on_copy = (mnt / "ws" / os.fsdecode(path)).read_bytes()
