@@ -28,9 +28,9 @@ import logging
 import os
 import stat
 
-from store import INLINE_MAX
-from store._errors import PathEscape
-from store._preimage import PreImage
+from rewindfs.store import INLINE_MAX
+from rewindfs.store._errors import PathEscape
+from rewindfs.store._preimage import PreImage
 
 from ._fdbudget import share
 from ._resolve import open_dir, open_parent, parent_of

@@ -16,7 +16,7 @@ import os
 import subprocess
 import time
 
-from store._errors import RewindfsError
+from rewindfs.store._errors import RewindfsError
 
 from . import _daemon, _protocol
 from ._cli_rewind_view import human_bytes
@@ -219,7 +219,7 @@ def cmd_turn_end(args, out) -> int:
 
 def _offline_status(args) -> dict:
     """Status of an unmounted workspace, straight from the store (read-only)."""
-    from store import Store, StoreError
+    from rewindfs.store import Store, StoreError
 
     start = os.path.realpath(os.fsencode(getattr(args, "workspace", None) or "."))
     try:
@@ -284,7 +284,7 @@ def _say_usage(out, usage) -> None:
 
 
 def cmd_fsck(args, out) -> int:
-    from store import Store
+    from rewindfs.store import Store
 
     with Store.open(resolve_store_path(args.store), create=False) as store:
         report = store.fsck()

@@ -17,7 +17,7 @@ import json
 import os
 import socket
 
-from store._errors import PathEscape, RewindfsError
+from rewindfs.store._errors import PathEscape, RewindfsError
 
 from . import _cli_rewind_view as V
 from . import _protocol
@@ -95,7 +95,7 @@ def open_workspace(args, out):
 
 @contextlib.contextmanager
 def _offline(store_path, start: bytes, out):
-    from store import Store
+    from rewindfs.store import Store
 
     from ._daemon import find_rewindfs_mount
     from ._restore import recover
@@ -328,7 +328,7 @@ def cmd_gc(args, out) -> int:
     if live is not None:
         report = _protocol.call(live[1], "gc", params)
     else:   # gc is store-wide: no workspace needed
-        from store import Store
+        from rewindfs.store import Store
 
         from ._rewind_service import gc_sync
         with Store.open(store_path, create=False) as store:

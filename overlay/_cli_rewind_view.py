@@ -13,8 +13,8 @@ import re
 from rich.markup import escape as _markup_escape
 from rich.table import Table
 
-from store._errors import EXIT_USAGE, RewindfsError
-from store._gc import MAX_COUNT, MAX_SECONDS
+from rewindfs.store._errors import EXIT_USAGE, RewindfsError
+from rewindfs.store._gc import MAX_COUNT, MAX_SECONDS
 
 __all__ = ["Absent", "RewindView", "parse_duration", "parse_size", "render_diff",
            "render_gc", "render_log"]

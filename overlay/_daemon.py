@@ -32,7 +32,7 @@ import time
 import pyfuse3
 import trio
 
-from store._errors import RewindfsError
+from rewindfs.store._errors import RewindfsError
 
 from . import _fastloop, _protocol, _sys
 from ._fdbudget import EXHAUSTED, raise_soft_limit
@@ -415,7 +415,7 @@ def _recover_intent(root_fd: int, store, ws: int) -> None:
     if not store.get_intent(ws):
         return
     try:
-        from overlay import _restore
+        from rewindfs.overlay import _restore
     except ImportError:
         log.warning("an interrupted rewind is recorded but the restore engine is missing")
         return
@@ -437,7 +437,7 @@ def serve_mount(dir_path, store_path=None, *, recover: bool = False, ready=None,
     ``ready()`` is called once the mount is live (before the loop starts).  Errors before
     that raise ``RewindfsError`` subclasses and leave nothing mounted.
     """
-    from store import Store
+    from rewindfs.store import Store
 
     raise_soft_limit()   # every fd cache takes a share of it: _fdbudget
     store_path = resolve_store_path(store_path)
@@ -467,7 +467,7 @@ def _preload(real: bytes) -> None:
     """Import now whatever might be imported later, and drop import paths inside the
     workspace: once mounted, an import that stats a path in our own mount from the trio
     thread (or before the kernel's INIT is answered) would wait on ourselves forever."""
-    for name in ("overlay._restore", "overlay._rewind_service", "overlay._capture",
+    for name in ("rewindfs.overlay._restore", "rewindfs.overlay._rewind_service", "rewindfs.overlay._capture",
                  "encodings.idna", "rich.console", "rich.markup"):
         try:
             __import__(name)

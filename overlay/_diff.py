@@ -14,7 +14,7 @@ import errno
 import os
 from dataclasses import dataclass
 
-from store import PreImage, RewindfsError, check_relpath
+from rewindfs.store import PreImage, RewindfsError, check_relpath
 
 from . import _restore_land as L
 from ._capture import snapshot

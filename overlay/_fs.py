@@ -57,8 +57,8 @@ import time
 import pyfuse3
 from pyfuse3 import FUSEError
 
-from store import EpochClosed
-from store._errors import RewindfsError
+from rewindfs.store import EpochClosed
+from rewindfs.store._errors import RewindfsError
 
 from . import _sys
 from ._fdbudget import EXHAUSTED

@@ -19,8 +19,8 @@ import struct
 
 import xxhash
 
-from store._errors import EXIT_USAGE, RewindfsError, StoreInsideWorkspace
-from store._location import is_inside  # noqa: F401  (re-exported for overlay modules)
+from rewindfs.store._errors import EXIT_USAGE, RewindfsError, StoreInsideWorkspace
+from rewindfs.store._location import is_inside  # noqa: F401  (re-exported for overlay modules)
 
 __all__ = [
     "AlreadyMounted", "BadWorkspace", "MountFailed", "NotMounted", "RefusedWorkspace",
@@ -91,7 +91,7 @@ def _fs(path) -> bytes:
 
 def default_store_path() -> pathlib.Path:
     """``$REWINDFS_HOME``, else ``$XDG_DATA_HOME/rewindfs``, else ``~/.local/share/rewindfs``."""
-    from store import default_store_path as store_default
+    from rewindfs.store import default_store_path as store_default
     return store_default()
 
 

@@ -25,7 +25,7 @@ import time
 
 import trio
 
-from store._errors import EXIT_USAGE, RewindfsError, all_error_classes
+from rewindfs.store._errors import EXIT_USAGE, RewindfsError, all_error_classes
 
 from ._fdbudget import EXHAUSTED
 
@@ -302,7 +302,7 @@ TABLE = {
 }
 
 try:
-    from overlay._rewind_service import METHODS as _RW
+    from rewindfs.overlay._rewind_service import METHODS as _RW
     TABLE.update(_RW)
 except ImportError:
     pass

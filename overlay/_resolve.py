@@ -14,7 +14,7 @@ import errno
 import os
 import stat
 
-from store._errors import BadPath, PathEscape
+from rewindfs.store._errors import BadPath, PathEscape
 
 __all__ = ["DirCache", "PathEscape", "check_components", "open_dir", "open_parent", "parent_of",
            "split"]

@@ -61,9 +61,9 @@ import logging
 import os
 from dataclasses import dataclass, field
 
-from store import INLINE_MAX, NothingToRedo, Plan, RewindfsError, TurnOpen
-from store._errors import PathEscape
-from store._preimage import check_relpath
+from rewindfs.store import INLINE_MAX, NothingToRedo, Plan, RewindfsError, TurnOpen
+from rewindfs.store._errors import PathEscape
+from rewindfs.store._preimage import check_relpath
 
 from . import _restore_land as L
 from ._capture import capture, capture_images

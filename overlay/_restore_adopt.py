@@ -41,8 +41,8 @@ import logging
 import os
 import stat
 
-from store import INLINE_MAX
-from store._errors import RewindfsError
+from rewindfs.store import INLINE_MAX
+from rewindfs.store._errors import RewindfsError
 
 from . import _restore_land as L
 

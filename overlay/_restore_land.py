@@ -31,8 +31,8 @@ import signal
 import stat
 import time
 
-from store import INLINE_MAX, hash_fd
-from store._errors import RewindfsError
+from rewindfs.store import INLINE_MAX, hash_fd
+from rewindfs.store._errors import RewindfsError
 
 log = logging.getLogger(__name__)
 

@@ -22,9 +22,9 @@ import os
 
 import trio
 
-from store._errors import BadPath, PathEscape, RewindfsError
-from store._gc import policy_problem
-from store._preimage import check_relpath
+from rewindfs.store._errors import BadPath, PathEscape, RewindfsError
+from rewindfs.store._gc import policy_problem
+from rewindfs.store._preimage import check_relpath
 
 from . import _diff, _restore, _sys
 from ._handoff import Handoff

@@ -18,7 +18,7 @@ import json
 import logging
 import sys
 
-from store._errors import RewindfsError
+from rewindfs.store._errors import RewindfsError
 
 from ._paths import UsageError
 
@@ -75,12 +75,22 @@ class Output:
                 f"[red]rewindfs: {escape(exc.message)}[/] [dim]({exc.code})[/]", soft_wrap=True)
 
 
+def _version() -> str:
+    """The installed distribution's version (pyproject.toml is the one place it is set)."""
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version("rewindfs")
+    except PackageNotFoundError:     # run from a source tree that was never installed
+        return "unknown (not installed)"
+
+
 def build_parser():
     parser = _Parser(prog="rewindfs", description="Rewind and redo for agent sessions.")
     parser.add_argument("--json", action="store_true", help="print JSON Lines")
     parser.add_argument("--store", metavar="PATH", help="store path (default $REWINDFS_HOME, "
                         "$XDG_DATA_HOME/rewindfs or ~/.local/share/rewindfs)")
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug output")
+    parser.add_argument("--version", action="version", version=f"rewindfs {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     table = {}
     from . import _cli_mount

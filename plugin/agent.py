@@ -3,7 +3,7 @@
 A loop marks each turn; rewindfs then keeps the workspace as it stood at the start
 of every turn, and the loop (or its user) can go back::
 
-    from plugin.agent import Rewindfs
+    from rewindfs.plugin.agent import Rewindfs
 
     rw = Rewindfs.for_directory(workdir)            # the daemon serving workdir
     for n, prompt in enumerate(prompts, start=1):

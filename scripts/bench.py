@@ -211,7 +211,7 @@ class Control:
     """A minimal newline-JSON client for the daemon's control socket."""
 
     def __init__(self, store: Path, workspace: Path):
-        from overlay._paths import control_socket_path
+        from rewindfs.overlay._paths import control_socket_path
         self.path = control_socket_path(os.fsencode(store), os.fsencode(os.path.realpath(workspace)))
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.connect(os.fsdecode(self.path))
@@ -247,7 +247,7 @@ def bare_target(work: Path):
 def rewindfs_target(work: Path, store: Path, session: str = "bench"):
     d = work / "rw"
     d.mkdir()
-    proc = subprocess.Popen([PY, "-m", "overlay.cli", "mount", str(d), "--foreground",
+    proc = subprocess.Popen([PY, "-m", "rewindfs.overlay.cli", "mount", str(d), "--foreground",
                              "--store", str(store)], cwd=REPO)
     try:
         _wait_mounted(d, proc)
@@ -361,7 +361,7 @@ def make_tarball(cache: Path, nfiles: int) -> tuple[Path, int]:
 def _syncfs_at(d: Path) -> None:
     """syncfs(2) of the file system holding *d*.  On a FUSE mount: every page the
     kernel still buffers for it (writeback cache) reaches the daemon and the real file."""
-    from overlay._sys import syncfs
+    from rewindfs.overlay._sys import syncfs
     fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
     try:
         syncfs(fd)
@@ -503,7 +503,7 @@ def turn_marks(args, work: Path, sizes: list[int]) -> dict:
 
 @contextmanager
 def rewindfs_target_existing(d: Path, store: Path):
-    proc = subprocess.Popen([PY, "-m", "overlay.cli", "mount", str(d), "--foreground",
+    proc = subprocess.Popen([PY, "-m", "rewindfs.overlay.cli", "mount", str(d), "--foreground",
                              "--store", str(store)], cwd=REPO)
     try:
         _wait_mounted(d, proc)

@@ -42,7 +42,7 @@ def _run(target: str, code: Path | None, d: Path, store: Path, fn, turn: int):
         t0 = time.perf_counter()
         fn(d, CTX)
         return time.perf_counter() - t0, None
-    proc = subprocess.Popen([bench.PY, "-m", "overlay.cli", "mount", str(d), "--foreground",
+    proc = subprocess.Popen([bench.PY, "-m", "rewindfs.overlay.cli", "mount", str(d), "--foreground",
                              "--store", str(store)], cwd=code,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:

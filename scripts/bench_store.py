@@ -22,8 +22,8 @@ import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
-from store import PreImage, Store  # noqa: E402
-from store import _blob  # noqa: E402
+from rewindfs.store import PreImage, Store  # noqa: E402
+from rewindfs.store import _blob  # noqa: E402
 
 CHUNK = 1 << 20
 

@@ -47,7 +47,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from overlay._paths import control_socket_path  # noqa: E402
+from rewindfs.overlay._paths import control_socket_path  # noqa: E402
 
 
 def _is_mounted(path: Path) -> bool:
@@ -171,7 +171,7 @@ def soak(turns: int, window: int, seed: int, top: Path, gc_keep: int | None) -> 
     for i in range(40):
         (ws / f"f{i}.txt").write_text(f"f{i}.txt v0\n")
     log = open(top / "daemon.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "overlay.cli", "--store", str(store),
+    proc = subprocess.Popen([sys.executable, "-m", "rewindfs.overlay.cli", "--store", str(store),
                              "mount", str(ws), "--foreground"], cwd=REPO, stdout=log,
                             stderr=subprocess.STDOUT,
                             env=dict(os.environ, PYTHONPATH=str(REPO)))
@@ -191,7 +191,7 @@ def soak(turns: int, window: int, seed: int, top: Path, gc_keep: int | None) -> 
         if gc_keep is not None:
             result["retention"] = retention(ctl, runner, gc_keep)
     finally:
-        subprocess.run([sys.executable, "-m", "overlay.cli", "--store", str(store),
+        subprocess.run([sys.executable, "-m", "rewindfs.overlay.cli", "--store", str(store),
                         "unmount", str(ws)], cwd=REPO, capture_output=True,
                        env=dict(os.environ, PYTHONPATH=str(REPO)))
         try:
@@ -201,7 +201,7 @@ def soak(turns: int, window: int, seed: int, top: Path, gc_keep: int | None) -> 
             proc.kill()
             proc.wait()
         log.close()
-    fsck = subprocess.run([sys.executable, "-m", "overlay.cli", "--store", str(store), "fsck",
+    fsck = subprocess.run([sys.executable, "-m", "rewindfs.overlay.cli", "--store", str(store), "fsck",
                            "--json"], cwd=REPO, capture_output=True, text=True,
                           env=dict(os.environ, PYTHONPATH=str(REPO)))
     result["fsck_exit"] = fsck.returncode
@@ -309,7 +309,7 @@ def stress(seconds: float, top: Path, seed: int, *, mark_every: float, window_s:
         (ws / f"f{i}.txt").write_text(f"f{i}.txt v0\n")
     log = open(top / "daemon.log", "w")
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    proc = subprocess.Popen([sys.executable, "-m", "overlay.cli", "--store", str(store),
+    proc = subprocess.Popen([sys.executable, "-m", "rewindfs.overlay.cli", "--store", str(store),
                              "mount", str(ws), "--foreground"], cwd=REPO, stdout=log,
                             stderr=subprocess.STDOUT, env=env)
     mp = multiprocessing.get_context("fork")
@@ -378,7 +378,7 @@ def stress(seconds: float, top: Path, seed: int, *, mark_every: float, window_s:
             load.join(30)
             if load.is_alive():
                 load.kill()
-        subprocess.run([sys.executable, "-m", "overlay.cli", "--store", str(store),
+        subprocess.run([sys.executable, "-m", "rewindfs.overlay.cli", "--store", str(store),
                         "unmount", str(ws)], cwd=REPO, capture_output=True, env=env)
         try:
             proc.wait(60)
@@ -387,7 +387,7 @@ def stress(seconds: float, top: Path, seed: int, *, mark_every: float, window_s:
             proc.kill()
             proc.wait()
         log.close()
-    fsck = subprocess.run([sys.executable, "-m", "overlay.cli", "--store", str(store), "fsck",
+    fsck = subprocess.run([sys.executable, "-m", "rewindfs.overlay.cli", "--store", str(store), "fsck",
                            "--json"], cwd=REPO, capture_output=True, text=True, env=env)
     return {"seconds": seconds, "mark_every": mark_every, "windows": rows,
             "rewinds": rewinds, "gcs": gcs, "daemon_exit": proc.returncode,

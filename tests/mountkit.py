@@ -42,7 +42,7 @@ def is_rewindfs_mount(path) -> bool:
 
 def cli(*args, store=None, check=False, input=None, cwd=None, env=None, timeout=120):
     """Run ``python -m overlay.cli [--store S] ARGS`` and return the CompletedProcess."""
-    cmd = [PYTHON, "-m", "overlay.cli"]
+    cmd = [PYTHON, "-m", "rewindfs.overlay.cli"]
     if store is not None:
         cmd += ["--store", os.fspath(store)]
     cmd += [os.fspath(a) for a in args]
@@ -62,15 +62,15 @@ class Mount:
 
     @property
     def socket(self) -> bytes:
-        from overlay._paths import control_socket_path
+        from rewindfs.overlay._paths import control_socket_path
         return control_socket_path(self.store, self.ws)
 
     def call(self, method: str, **params):
-        from overlay._protocol import call
+        from rewindfs.overlay._protocol import call
         return call(self.socket, method, params, timeout=60)
 
     def open_store(self):
-        from store import Store
+        from rewindfs.store import Store
         return Store.open(self.store)
 
 
@@ -107,7 +107,7 @@ def mounted(ws, store, *, extra=(), env=None, require_clean=True, preexec_fn=Non
     ws.mkdir(parents=True, exist_ok=True)
     log = open(store.parent / f".mountkit-{ws.name}-{os.getpid()}.log", "w+") \
         if store.parent.is_dir() else subprocess.DEVNULL
-    cmd = [PYTHON, "-m", "overlay.cli", "--store", os.fspath(store), "mount", os.fspath(ws),
+    cmd = [PYTHON, "-m", "rewindfs.overlay.cli", "--store", os.fspath(store), "mount", os.fspath(ws),
            "--foreground", *extra]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
                             env=dict(os.environ, PYTHONPATH=str(ROOT), **(env or {})),

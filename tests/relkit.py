@@ -40,12 +40,12 @@ def _wait(pred, what: str, timeout: float = _WAIT_S) -> None:
 
 
 def socket_of(store, ws) -> bytes:
-    from overlay._paths import control_socket_path
+    from rewindfs.overlay._paths import control_socket_path
     return control_socket_path(pathlib.Path(store), pathlib.Path(ws))
 
 
 def call(store, ws, method: str, **params):
-    from overlay._protocol import call as _call
+    from rewindfs.overlay._protocol import call as _call
     return _call(socket_of(store, ws), method, params, timeout=60)
 
 
@@ -61,7 +61,7 @@ class Daemon:
     def start(self) -> "Daemon":
         self.ws.mkdir(parents=True, exist_ok=True)
         self.log = open(self.store.parent / f".rel-{self.ws.name}-{os.getpid()}.log", "a+")
-        cmd = [PYTHON, "-m", "overlay.cli", "--store", os.fspath(self.store), "mount",
+        cmd = [PYTHON, "-m", "rewindfs.overlay.cli", "--store", os.fspath(self.store), "mount",
                os.fspath(self.ws), "--foreground"]
         self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT,
                                      env=dict(os.environ, PYTHONPATH=str(ROOT), **self.env))

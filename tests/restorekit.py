@@ -12,8 +12,8 @@ import contextlib
 import os
 import stat
 
-from overlay._capture import capture, subtree
-from store import Store
+from rewindfs.overlay._capture import capture, subtree
+from rewindfs.store import Store
 from store_fixtures import assert_sound
 
 

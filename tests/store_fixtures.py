@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from store import Store
+from rewindfs.store import Store
 
 
 def assert_sound(store: Store) -> None:

@@ -9,7 +9,7 @@ import os
 import pytest
 import xxhash
 
-from overlay import _diff
+from rewindfs.overlay import _diff
 
 
 def _state_now_with(tmp_path, monkeypatch, file_key):

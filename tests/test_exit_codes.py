@@ -4,14 +4,14 @@ import re
 from pathlib import Path
 
 # Import every module that defines error classes, so all_error_classes() sees them.
-import overlay  # noqa: F401
-import overlay._cli_rewind  # noqa: F401
-import overlay._cli_rewind_view  # noqa: F401
-import overlay._diff  # noqa: F401
-import overlay._restore  # noqa: F401
-import plugin  # noqa: F401
-import store
-from store._errors import EXIT_COULD_NOT_RUN, EXIT_PARTIAL, EXIT_USAGE, all_error_classes
+import rewindfs.overlay  # noqa: F401
+import rewindfs.overlay._cli_rewind  # noqa: F401
+import rewindfs.overlay._cli_rewind_view  # noqa: F401
+import rewindfs.overlay._diff  # noqa: F401
+import rewindfs.overlay._restore  # noqa: F401
+import rewindfs.plugin  # noqa: F401
+from rewindfs import store
+from rewindfs.store._errors import EXIT_COULD_NOT_RUN, EXIT_PARTIAL, EXIT_USAGE, all_error_classes
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 

@@ -11,7 +11,7 @@ import stat
 import pytest
 
 from mountkit import mounted
-from overlay import _sys
+from rewindfs.overlay import _sys
 
 pytestmark = pytest.mark.mount
 
@@ -23,7 +23,7 @@ def m(tmp_path_factory):
     base = tmp_path_factory.mktemp("fscap")
     with mounted(base / "ws", base / "store") as mnt:
         yield mnt
-    from store import Store
+    from rewindfs.store import Store
     with Store.open(base / "store") as s:
         assert s.fsck().ok
 

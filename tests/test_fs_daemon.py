@@ -122,7 +122,7 @@ def test_run_mounts_runs_inside_and_unmounts(dirs):
     assert int(res.stdout.split()[-1]) != os.stat(sub).st_dev  # ran inside the mount
     assert not is_rewindfs_mount(ws)
     assert (sub / "made").read_text() == "x"
-    from store import Store
+    from rewindfs.store import Store
     with Store.open(store) as s:
         wsid = s.workspace(os.fsencode(os.path.realpath(ws)))
         touched = [p for e in s.epochs(wsid) for p, _ in s.journal(wsid, e.id)]
@@ -161,7 +161,7 @@ def _foreground_daemon(ws, store):
     """``rewindfs mount --foreground`` as a child process; whatever the test did, the
     child is gone and nothing is left mounted afterwards (kill and lazy unmount only
     as a last resort)."""
-    proc = subprocess.Popen([PYTHON, "-m", "overlay.cli", "--store", str(store), "mount",
+    proc = subprocess.Popen([PYTHON, "-m", "rewindfs.overlay.cli", "--store", str(store), "mount",
                              str(ws), "--foreground"], cwd=ROOT,
                             env=dict(os.environ, PYTHONPATH=str(ROOT)),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -214,5 +214,5 @@ def test_external_fusermount_unmount_ends_the_daemon_cleanly(dirs):
         assert subprocess.run(["fusermount3", "-u", str(ws)]).returncode == 0
         assert proc.wait(timeout=30) == 0
         assert not is_rewindfs_mount(ws)
-        from overlay._paths import control_socket_path
+        from rewindfs.overlay._paths import control_socket_path
         assert not os.path.exists(control_socket_path(store, ws))  # socket removed

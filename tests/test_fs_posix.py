@@ -11,7 +11,7 @@ import threading
 import pytest
 
 from mountkit import mounted
-from overlay import _sys
+from rewindfs.overlay import _sys
 
 pytestmark = pytest.mark.mount
 

@@ -34,7 +34,7 @@ def m(tmp_path_factory):
     base = tmp_path_factory.mktemp("progs")
     with mounted(base / "ws", base / "store") as mnt:
         yield mnt
-    from store import Store
+    from rewindfs.store import Store
     with Store.open(base / "store") as s:
         assert s.fsck().ok
 

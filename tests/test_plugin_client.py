@@ -15,9 +15,9 @@ import threading
 
 import pytest
 
-from plugin import (Client, DaemonUnreachable, NotMounted, Rewindfs, RewindfsClientError,
+from rewindfs.plugin import (Client, DaemonUnreachable, NotMounted, Rewindfs, RewindfsClientError,
                     TrioClient, control_socket_path, find_socket)
-from plugin._paths import socket_path_for
+from rewindfs.plugin._paths import socket_path_for
 
 
 class ScriptedDaemon:

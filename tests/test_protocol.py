@@ -11,8 +11,8 @@ import stat
 import pytest
 
 from mountkit import mounted
-from overlay._protocol import BadParams, BadVersion, UnknownMethod, call, parse_request
-from store._errors import RewindfsError
+from rewindfs.overlay._protocol import BadParams, BadVersion, UnknownMethod, call, parse_request
+from rewindfs.store._errors import RewindfsError
 
 pytestmark = pytest.mark.mount
 

@@ -206,7 +206,7 @@ def test_concurrent_rewinds_are_serialised(tmp_path):
                 (ws / f"f{i}").write_text(f"turn {t} file {i}\n" * (i + 1))
             m.call("turn.end")
         env = dict(os.environ, PYTHONPATH=str(ROOT))
-        procs = [subprocess.Popen([PYTHON, "-m", "overlay.cli", "--store", str(m.store),
+        procs = [subprocess.Popen([PYTHON, "-m", "rewindfs.overlay.cli", "--store", str(m.store),
                                    "rewind", f"e{points[t]}", "-C", str(ws), "--json"],
                                   cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True)
                  for t in (1, 2)]

@@ -15,8 +15,8 @@ import pytest
 
 from mountkit import cli, mounted
 from restorekit import History
-from store import Store
-from store import _schema as S
+from rewindfs.store import Store
+from rewindfs.store import _schema as S
 from treesnap import snapshot
 
 BIG = 1_300_000     # a blob file
@@ -315,7 +315,7 @@ def _in_child(argv_list):
     """Run each CLI argv in-process in a forked child: ``(results, crash)`` — one
     ``[exit code, stdout]`` per argv that finished, and the signal that killed the
     child (or why it failed) if it did not finish them all."""
-    from overlay.cli import main
+    from rewindfs.overlay.cli import main
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:   # child: never returns into pytest

@@ -95,7 +95,7 @@ def test_store_fills_mid_turn_then_recovers(tmp_path, small_fs):
 
 
 def _open(path):
-    from store import Store
+    from rewindfs.store import Store
     return Store.open(path, create=False)
 
 
@@ -157,7 +157,7 @@ def test_store_fills_during_a_rewind(tmp_path, small_fs):
 def test_full_disk_still_dedups_stored_content(tmp_path, small_fs):
     """The store level of the fix above: with no room for a temp file, content already
     stored is accepted (and touched), new content is ``StoreFull``."""
-    from store import StoreFull
+    from rewindfs.store import StoreFull
 
     data, other = os.urandom(FILE), os.urandom(FILE)
     src = tmp_path / "src"
@@ -177,5 +177,5 @@ def test_full_disk_still_dedups_stored_content(tmp_path, small_fs):
 
 
 def _open_new(path):
-    from store import Store
+    from rewindfs.store import Store
     return Store.open(path)

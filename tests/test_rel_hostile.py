@@ -23,9 +23,9 @@ import threading
 import pytest
 
 from mountkit import cli, mounted
-from overlay._restore import apply_plan, plan_rewind
+from rewindfs.overlay._restore import apply_plan, plan_rewind
 from restorekit import History
-from store import Store
+from rewindfs.store import Store
 from store_fixtures import assert_sound
 from relkit import trials
 from treesnap import compare, snapshot

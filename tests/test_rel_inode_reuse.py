@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import os
 
-from overlay._restore import apply_plan, plan_rewind
+from rewindfs.overlay._restore import apply_plan, plan_rewind
 from restorekit import History
-from store import Store
+from rewindfs.store import Store
 from store_fixtures import assert_sound
 from treesnap import compare, snapshot
 

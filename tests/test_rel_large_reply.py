@@ -51,9 +51,9 @@ def _feed_all(buf, pieces) -> list[bytes]:
 @pytest.mark.parametrize("side", ["overlay", "plugin"])
 def test_framing_searches_each_byte_once(side):
     if side == "overlay":
-        from overlay._protocol import LineBuffer
+        from rewindfs.overlay._protocol import LineBuffer
     else:
-        from plugin._protocol import LineBuffer
+        from rewindfs.plugin._protocol import LineBuffer
     buf = LineBuffer()
     # one 8 MiB line in 2,048 pieces: a buffer searched again from its start after
     # every piece would count ~2,048 × 4 MiB = 8 GiB
@@ -71,8 +71,8 @@ def test_framing_searches_each_byte_once(side):
 
 
 def test_plugin_conversation_streams_chunks_and_bounds_a_line():
-    from plugin._errors import BadResponse
-    from plugin._protocol import MAX_LINE, Conversation, ShowAssembler
+    from rewindfs.plugin._errors import BadResponse
+    from rewindfs.plugin._protocol import MAX_LINE, Conversation, ShowAssembler
 
     conv = Conversation()
     rid, _ = conv.request("show", {"path": "f", "stream": True})
@@ -182,8 +182,8 @@ def _raw_show(sock_path: bytes, params: dict, *, out=None):
 def test_each_python_client_returns_the_exact_bytes(big):
     import trio
 
-    from overlay._protocol import call
-    from plugin.client import Client, TrioClient
+    from rewindfs.overlay._protocol import call
+    from rewindfs.plugin.client import Client, TrioClient
 
     m, point, v1, v2 = big
     # the blocking client the CLI uses, with the stream (as the CLI asks for it)
@@ -214,7 +214,7 @@ def test_each_python_client_returns_the_exact_bytes(big):
 
 def _cli_bytes(m, *args, stdout=subprocess.PIPE):
     """``rewindfs ARGS -C WS`` with binary output (``mountkit.cli`` decodes text)."""
-    return subprocess.run([PYTHON, "-m", "overlay.cli", "--store", os.fspath(m.store), *args,
+    return subprocess.run([PYTHON, "-m", "rewindfs.overlay.cli", "--store", os.fspath(m.store), *args,
                            "-C", os.fspath(m.ws)], stdout=stdout, stderr=subprocess.PIPE,
                           env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=300)
 
@@ -272,8 +272,8 @@ def test_stalled_reader_holds_up_no_turn(big):
 
 @pytest.mark.mount
 def test_without_stream_v1_reply_and_clear_refusal(big):
-    from overlay._protocol import call
-    from store._errors import RewindfsError
+    from rewindfs.overlay._protocol import call
+    from rewindfs.store._errors import RewindfsError
 
     m, point, _v1, _v2 = big
     res = call(m.socket, "show", {"point": point, "path": "small"}, timeout=60)
@@ -290,7 +290,7 @@ def test_damage_found_after_the_last_chunk_fails_the_call(tmp_path):
     """A stored blob is verified as it streams, so damage shows only after its last
     chunk: the error reply that follows must make every client fail — never return or
     silently print the damaged bytes as if they were good."""
-    from plugin.client import Client, RewindfsClientError
+    from rewindfs.plugin.client import Client, RewindfsClientError
 
     ws = tmp_path / "ws"
     ws.mkdir()

@@ -11,8 +11,8 @@ import os
 import pytest
 
 from mountkit import cli, mounted
-from overlay._protocol import call as proto_call
-from store import Store
+from rewindfs.overlay._protocol import call as proto_call
+from rewindfs.store import Store
 from store_fixtures import assert_sound
 
 
@@ -58,8 +58,8 @@ def test_turn_begin_refuses_another_sessions_open_turn(tmp_path):
 
 @pytest.mark.mount
 def test_python_agent_turn_is_refused_while_another_session_holds_one(tmp_path):
-    from plugin._errors import RewindfsClientError
-    from plugin.agent import Rewindfs
+    from rewindfs.plugin._errors import RewindfsClientError
+    from rewindfs.plugin.agent import Rewindfs
     ws, store = tmp_path / "ws", tmp_path / "store"
     with mounted(ws, store) as m:
         rw = Rewindfs.for_directory(ws, store=store, strict=True)
@@ -149,7 +149,7 @@ def test_gc_refuses_absurd_numbers_at_both_edges(tmp_path):
 
 
 def test_store_gc_refuses_absurd_numbers(tmp_path):
-    from store._gc import BadPolicy
+    from rewindfs.store._gc import BadPolicy
     with Store.open(tmp_path / "store") as s:
         for name, value in _BAD_WIRE:
             with pytest.raises(BadPolicy):
@@ -243,7 +243,7 @@ def _make_sparse(path, seed: int = 0) -> bytes:
 
 
 def _xxh(path) -> bytes:
-    from store._copy import hash_fd
+    from rewindfs.store._copy import hash_fd
     fd = os.open(path, os.O_RDONLY)
     try:
         key, size = hash_fd(fd)
@@ -324,7 +324,7 @@ def test_sparse_copies_keep_the_logical_content_randomized(tmp_path, monkeypatch
     import random
     import xxhash
     from relkit import trials
-    from store import _copy
+    from rewindfs.store import _copy
     if not kernel_copy:
         def exdev(*_a):
             raise OSError(errno.EXDEV, "cross-device")

@@ -118,7 +118,7 @@ def _check_copy(mnt, epoch: int, durable: set, start: dict, now: dict) -> list[s
     not changed since) must hold that content (``None``: be absent), and every path in
     ``durable`` must have its pre-image in ``epoch``: absent, or a file whose blob
     reads back as ``start[path]``."""
-    from store import Store
+    from rewindfs.store import Store
 
     problems = []
     if not durable:     # nothing made durable, nothing promised (not even the mark)
@@ -220,7 +220,7 @@ def test_turn_marks_reach_the_disk_without_an_fsync(tmp_path):
     daemon's background sync puts it on disk within a quarter second.  A copy taken
     well after that (2 s: eight sync periods) must hold the turn's epoch and the
     pre-image of an unsynced change made in it."""
-    from store import Store
+    from rewindfs.store import Store
 
     image = tmp_path / "disk.img"
     with loop_ext4(image, tmp_path / "disk", make=True) as disk:

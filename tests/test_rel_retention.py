@@ -11,8 +11,8 @@ import pytest
 
 from mountkit import cli, mounted
 from restorekit import History, open_history
-from store import UnknownPoint
-from store import _schema as S
+from rewindfs.store import UnknownPoint
+from rewindfs.store import _schema as S
 from store_fixtures import assert_sound
 
 KB10 = 10_000

@@ -11,9 +11,9 @@ import subprocess
 
 import pytest
 
-from overlay._restore import apply_plan, plan_redo, plan_rewind
+from rewindfs.overlay._restore import apply_plan, plan_redo, plan_rewind
 from restorekit import History, open_history
-from store import NothingToRedo, RewindfsError, TurnOpen
+from rewindfs.store import NothingToRedo, RewindfsError, TurnOpen
 from store_fixtures import assert_sound
 from treesnap import compare, snapshot
 

@@ -15,9 +15,9 @@ import textwrap
 
 import pytest
 
-from overlay._restore import apply_plan, plan_redo, recover
+from rewindfs.overlay._restore import apply_plan, plan_redo, recover
 from restorekit import History
-from store import Store
+from rewindfs.store import Store
 from store_fixtures import assert_sound
 from treesnap import compare, snapshot
 
@@ -26,8 +26,8 @@ BIG = 300 << 10     # above the store's inline limit: a blob file, several chunk
 
 CHILD = textwrap.dedent("""
     import os, sys
-    from store import Store
-    from overlay._restore import apply_plan, plan_rewind
+    from rewindfs.store import Store
+    from rewindfs.overlay._restore import apply_plan, plan_rewind
     store_path, ws_path, point = sys.argv[1:4]
     store = Store.open(store_path)
     ws = store.workspace(os.fsencode(ws_path))

@@ -11,10 +11,10 @@ import random
 
 import pytest
 
-from overlay._restore import apply_plan, plan_redo, plan_rewind
+from rewindfs.overlay._restore import apply_plan, plan_redo, plan_rewind
 from restorekit import History
 from rewind_agent import Agent
-from store import Store
+from rewindfs.store import Store
 from store_fixtures import assert_sound
 from treesnap import compare, snapshot
 

@@ -9,9 +9,9 @@ import subprocess
 
 import pytest
 
-from overlay.cli import main
+from rewindfs.overlay.cli import main
 from restorekit import History
-from store import Store
+from rewindfs.store import Store
 from store_fixtures import assert_sound
 from treesnap import compare, snapshot
 

@@ -6,11 +6,11 @@ import os
 
 import pytest
 
-from store import (
+from rewindfs.store import (
     BadPath, BadPoint, BadSession, EpochClosed, PreImage, SchemaTooNew, Store,
     StoreInsideWorkspace, UnknownPoint, check_relpath, default_store_path,
 )
-from store import _schema as S
+from rewindfs.store import _schema as S
 from store_fixtures import store, store_path, ws  # noqa: F401  (fixtures)
 
 
@@ -136,7 +136,7 @@ def test_a_schema_number_damaged_into_an_older_one_seals_nothing_twice(store_pat
 
 
 def test_a_schema_number_that_is_no_number_is_named(store_path):
-    from store import IndexCorrupt
+    from rewindfs.store import IndexCorrupt
     with Store.open(store_path) as s:
         with s._w() as txn:
             txn.put(b"schema", b"\xc1", db=s._db["meta"])
@@ -146,7 +146,7 @@ def test_a_schema_number_that_is_no_number_is_named(store_path):
 
 
 def test_missing_store_without_create(tmp_path):
-    from store import StoreError
+    from rewindfs.store import StoreError
     with pytest.raises(StoreError):
         Store.open(tmp_path / "nothing", create=False)
     assert not (tmp_path / "nothing").exists()
@@ -228,13 +228,13 @@ def test_bad_session_names(store, ws, session):
 
 
 def test_relative_workspace_path_is_refused(store):
-    from store import StoreError
+    from rewindfs.store import StoreError
     with pytest.raises(StoreError):
         store.workspace(b"relative/path")
 
 
 def test_end_turn_of_another_session_changes_nothing(store, ws):
-    from store import BadSession
+    from rewindfs.store import BadSession
     turn = store.begin_turn(ws, "alice", 1, "hers")
     with pytest.raises(BadSession) as info:
         store.end_turn(ws, session="bob")

@@ -11,9 +11,9 @@ import textwrap
 import pytest
 import xxhash
 
-from store import BlobCollision, BlobCorrupt, BlobMissing, PreImage
-from store import _blob
-from store import _schema as S
+from rewindfs.store import BlobCollision, BlobCorrupt, BlobMissing, PreImage
+from rewindfs.store import _blob
+from rewindfs.store import _schema as S
 from store_fixtures import store, store_path, ws  # noqa: F401  (fixtures)
 
 
@@ -170,7 +170,7 @@ def test_large_put_streams_without_holding_the_file(tmp_path):
     script = textwrap.dedent(f"""
         import os, resource, sys
         sys.path.insert(0, {os.getcwd()!r})
-        from store import Store
+        from rewindfs.store import Store
         p = {str(tmp_path / 'sparse')!r}
         with open(p, 'wb') as f:
             f.truncate(512 << 20)

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from store import PreImage, Store, StoreError
+from rewindfs.store import PreImage, Store, StoreError
 from store_fixtures import assert_sound
 
 TURNS = 40
@@ -116,7 +116,7 @@ def test_threads_share_one_store(tmp_path):
 _KILLED_CHILD = """
 import os, sys, time
 sys.path.insert(0, {root!r})
-from store import PreImage, Store
+from rewindfs.store import PreImage, Store
 s = Store.open({store!r})
 ws = s.workspace(b"/nonexistent/ws")
 e = s.begin_turn(ws, "s", 1, "")
@@ -160,7 +160,7 @@ def test_committed_record_survives_sigkill(tmp_path):
 
 def test_gc_racing_puts_never_leaves_a_dangling_entry(tmp_path):
     import threading
-    from store import BlobMissing
+    from rewindfs.store import BlobMissing
     with Store.open(tmp_path / "store") as s:
         data = [os.urandom((1 << 20) + 1 + i) for i in range(3)]   # blob files
         stop = threading.Event()

@@ -8,7 +8,7 @@ import os
 import pytest
 import xxhash
 
-from store import _copy
+from rewindfs.store import _copy
 
 
 def _open_pair(src_dir, dst_dir, data: bytes, *, dst_flags=os.O_RDWR):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 
-from store import PreImage, Store
+from rewindfs.store import PreImage, Store
 
 
 def _syncs(store) -> int:

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from store import AmbiguousPoint, PreImage, SessionConflict, Store, UnknownPoint
+from rewindfs.store import AmbiguousPoint, PreImage, SessionConflict, Store, UnknownPoint
 from store_fixtures import store, store_path, ws  # noqa: F401  (fixtures)
 
 

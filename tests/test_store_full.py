@@ -10,8 +10,8 @@ import pytest
 
 from tmpfskit import small_tmpfs
 
-from store import PreImage, Store, StoreFull
-from store import _schema as S
+from rewindfs.store import PreImage, Store, StoreFull
+from rewindfs.store import _schema as S
 from store_fixtures import assert_sound
 from test_store_badinput import dump
 

@@ -7,9 +7,9 @@ import os
 
 import pytest
 
-from store import PreImage, UnknownPoint
-from store import _blob, _epoch
-from store import _schema as S
+from rewindfs.store import PreImage, UnknownPoint
+from rewindfs.store import _blob, _epoch
+from rewindfs.store import _schema as S
 from store_fixtures import store, store_path, ws  # noqa: F401  (fixtures)
 
 BIG = _blob.INLINE_MAX + 1

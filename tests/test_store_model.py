@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pointcheck import Node, diff_trees
-from store import PreImage, Store
+from rewindfs.store import PreImage, Store
 from store_fixtures import assert_sound
 
 NAMES = [b"a", b"b", b"c", b"\xff"]     # \xff: names that are not UTF-8 round-trip

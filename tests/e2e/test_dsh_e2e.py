@@ -23,7 +23,7 @@ import pytest
 
 from dshkit import Dsh, MockModel, harness
 from mountkit import mounted
-from plugin import Client
+from rewindfs.plugin import Client
 from treesnap import compare, snapshot
 
 pytestmark = pytest.mark.e2e
