@@ -6,7 +6,6 @@ daemon adds later are kept in ``raw`` and never break an older client.
 
 from __future__ import annotations
 
-import base64
 import dataclasses
 from typing import Any
 
@@ -94,6 +93,3 @@ def points(result: dict) -> list[Point]:
 def changes(result: dict) -> list[Change]:
     return [from_wire(Change, c) for c in result.get("changes") or ()]
 
-
-def content(result: dict) -> bytes:
-    return base64.b64decode(result.get("content_b64") or b"")
