@@ -165,6 +165,27 @@ def retention(ctl: Control, turns: Turns, keep: int) -> dict:
     return {"keep_epochs": keep, "seconds": took, "report": report, "after": after}
 
 
+def _cli(store, *args, env, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "rewindfs.overlay.cli", "--store", str(store),
+                           *args], cwd=REPO, capture_output=True, env=env, **kw)
+
+
+def _stop_daemon(proc, ws, store, env) -> None:
+    """``rewindfs unmount``; a daemon that does not exit within 60 s is detached
+    (``fusermount3 -uz``, our own mount only) and killed."""
+    _cli(store, "unmount", str(ws), env=env)
+    try:
+        proc.wait(60)
+    except subprocess.TimeoutExpired:
+        subprocess.run(["fusermount3", "-uz", str(ws)], capture_output=True)
+        proc.kill()
+        proc.wait()
+
+
+def _fsck(store, env) -> int:
+    return _cli(store, "fsck", "--json", env=env, text=True).returncode
+
+
 def soak(turns: int, window: int, seed: int, top: Path, gc_keep: int | None) -> dict:
     ws, store = top / "ws", top / "store"
     ws.mkdir()
@@ -191,20 +212,9 @@ def soak(turns: int, window: int, seed: int, top: Path, gc_keep: int | None) -> 
         if gc_keep is not None:
             result["retention"] = retention(ctl, runner, gc_keep)
     finally:
-        subprocess.run([sys.executable, "-m", "rewindfs.overlay.cli", "--store", str(store),
-                        "unmount", str(ws)], cwd=REPO, capture_output=True,
-                       env=dict(os.environ, PYTHONPATH=str(REPO)))
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            subprocess.run(["fusermount3", "-uz", str(ws)], capture_output=True)
-            proc.kill()
-            proc.wait()
+        _stop_daemon(proc, ws, store, os.environ)
         log.close()
-    fsck = subprocess.run([sys.executable, "-m", "rewindfs.overlay.cli", "--store", str(store), "fsck",
-                           "--json"], cwd=REPO, capture_output=True, text=True,
-                          env=dict(os.environ, PYTHONPATH=str(REPO)))
-    result["fsck_exit"] = fsck.returncode
+    result["fsck_exit"] = _fsck(store, os.environ)
     return result
 
 
@@ -378,20 +388,11 @@ def stress(seconds: float, top: Path, seed: int, *, mark_every: float, window_s:
             load.join(30)
             if load.is_alive():
                 load.kill()
-        subprocess.run([sys.executable, "-m", "rewindfs.overlay.cli", "--store", str(store),
-                        "unmount", str(ws)], cwd=REPO, capture_output=True, env=env)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            subprocess.run(["fusermount3", "-uz", str(ws)], capture_output=True)
-            proc.kill()
-            proc.wait()
+        _stop_daemon(proc, ws, store, env)
         log.close()
-    fsck = subprocess.run([sys.executable, "-m", "rewindfs.overlay.cli", "--store", str(store), "fsck",
-                           "--json"], cwd=REPO, capture_output=True, text=True, env=env)
     return {"seconds": seconds, "mark_every": mark_every, "windows": rows,
             "rewinds": rewinds, "gcs": gcs, "daemon_exit": proc.returncode,
-            "fsck_exit": fsck.returncode}
+            "fsck_exit": _fsck(store, env)}
 
 
 def print_stress_row(r: dict) -> None:
