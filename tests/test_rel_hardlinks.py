@@ -148,16 +148,21 @@ def _one_inode(real, names, nlink):
     assert sts[0].st_nlink == nlink
 
 
+def _change_in_a_turn(m, ws, real, change):
+    """Turn 1 makes ``change`` through ``d/A``; (snapshot before, its epoch, after)."""
+    before = _snap(real)
+    e1 = m.call("turn.begin", session="s", turn=1, label="t")["epoch"]
+    CHANGES[change](os.path.join(ws, "d", "A"))
+    m.call("turn.end")
+    return before, e1, _snap(real)
+
+
 @pytest.mark.parametrize("change", sorted(CHANGES))
 def test_change_through_one_name_is_rewound_for_all(change, tmp_path):
     ws = tmp_path / "ws"
     _linked_tree(ws)
     with _real_view(ws) as real, mounted(ws, tmp_path / "store") as m:
-        before = _snap(real)
-        e1 = m.call("turn.begin", session="s", turn=1, label="t")["epoch"]
-        CHANGES[change](os.path.join(ws, "d", "A"))
-        m.call("turn.end")
-        after = _snap(real)
+        before, e1, after = _change_in_a_turn(m, ws, real, change)
         assert _diff(before, after) != [], "the change changed nothing"
         res = m.call("rewind", to=f"e{e1}")
         assert res["failed"] == []
@@ -180,11 +185,7 @@ def test_two_names_one_changed(change, tmp_path):
     ws = tmp_path / "ws"
     _linked_tree(ws, names=("B",))
     with _real_view(ws) as real, mounted(ws, tmp_path / "store") as m:
-        before = _snap(real)
-        e1 = m.call("turn.begin", session="s", turn=1, label="t")["epoch"]
-        CHANGES[change](os.path.join(ws, "d", "A"))
-        m.call("turn.end")
-        after = _snap(real)
+        before, e1, after = _change_in_a_turn(m, ws, real, change)
         assert m.call("rewind", to=f"e{e1}")["failed"] == []
         _assert_same(before, real, f"rewind after {change}")
         _one_inode(real, ["d/A", "B"], 2)
