@@ -165,6 +165,20 @@ def retention(ctl: Control, turns: Turns, keep: int) -> dict:
     return {"keep_epochs": keep, "seconds": took, "report": report, "after": after}
 
 
+def _start_daemon(ws, store, log, env) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "rewindfs.overlay.cli", "--store", str(store),
+                             "mount", str(ws), "--foreground"], cwd=REPO, stdout=log,
+                            stderr=subprocess.STDOUT, env=env)
+
+
+def _wait_mounted(proc, ws, top) -> None:
+    deadline = time.monotonic() + 30
+    while not _is_mounted(ws):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError("the daemon did not mount; see " + str(top / "daemon.log"))
+        time.sleep(0.01)
+
+
 def _cli(store, *args, env, **kw) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "rewindfs.overlay.cli", "--store", str(store),
                            *args], cwd=REPO, capture_output=True, env=env, **kw)
@@ -192,16 +206,9 @@ def soak(turns: int, window: int, seed: int, top: Path, gc_keep: int | None) -> 
     for i in range(40):
         (ws / f"f{i}.txt").write_text(f"f{i}.txt v0\n")
     log = open(top / "daemon.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "rewindfs.overlay.cli", "--store", str(store),
-                             "mount", str(ws), "--foreground"], cwd=REPO, stdout=log,
-                            stderr=subprocess.STDOUT,
-                            env=dict(os.environ, PYTHONPATH=str(REPO)))
+    proc = _start_daemon(ws, store, log, os.environ)
     try:
-        deadline = time.monotonic() + 30
-        while not _is_mounted(ws):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("the daemon did not mount; see " + str(top / "daemon.log"))
-            time.sleep(0.01)
+        _wait_mounted(proc, ws, top)
         ctl = Control(control_socket_path(store, ws))
         size0 = disk_bytes(store)
         runner = Turns(ctl, ws, store, seed, window)
@@ -318,20 +325,14 @@ def stress(seconds: float, top: Path, seed: int, *, mark_every: float, window_s:
     for i in range(40):
         (ws / f"f{i}.txt").write_text(f"f{i}.txt v0\n")
     log = open(top / "daemon.log", "w")
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    proc = subprocess.Popen([sys.executable, "-m", "rewindfs.overlay.cli", "--store", str(store),
-                             "mount", str(ws), "--foreground"], cwd=REPO, stdout=log,
-                            stderr=subprocess.STDOUT, env=env)
+    env = dict(os.environ)
+    proc = _start_daemon(ws, store, log, env)
     mp = multiprocessing.get_context("fork")
     ops, errors, stop = mp.Value("q", 0), mp.Value("q", 0), mp.Event()
     load = None
     rows, rewinds, gcs = [], [], []
     try:
-        deadline = time.monotonic() + 30
-        while not _is_mounted(ws):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("the daemon did not mount; see " + str(top / "daemon.log"))
-            time.sleep(0.01)
+        _wait_mounted(proc, ws, top)
         ctl = Control(control_socket_path(store, ws))
         pid = ctl.call("status")["pid"]
         load = mp.Process(target=_load, args=(str(ws / "load"), seed, ops, errors, stop))
