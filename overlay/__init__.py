@@ -6,11 +6,11 @@ Public surface (everything else is private to the package):
 not import pyfuse3 or trio; the filesystem and the daemon load them.
 """
 
-from ._capture import capture, snapshot
-from ._ignore import IgnoreRules
-from ._paths import (AlreadyMounted, BadWorkspace, MountFailed, NotMounted,
+from rewindfs.overlay.capture import capture, snapshot
+from rewindfs.overlay.tree.ignore import IgnoreRules
+from rewindfs.overlay.places import (AlreadyMounted, BadWorkspace, MountFailed, NotMounted,
                      RefusedWorkspace, StaleMount, UsageError, control_socket_path)
-from ._resolve import PathEscape, open_parent
+from rewindfs.overlay.tree.walk import PathEscape, open_parent
 
 __all__ = [
     "AlreadyMounted", "BadWorkspace", "IgnoreRules", "MountFailed", "NotMounted",

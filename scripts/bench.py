@@ -211,7 +211,7 @@ class Control:
     """A minimal newline-JSON client for the daemon's control socket."""
 
     def __init__(self, store: Path, workspace: Path):
-        from rewindfs.overlay._paths import control_socket_path
+        from rewindfs.overlay.places import control_socket_path
         self.path = control_socket_path(os.fsencode(store), os.fsencode(os.path.realpath(workspace)))
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.connect(os.fsdecode(self.path))
@@ -361,7 +361,7 @@ def make_tarball(cache: Path, nfiles: int) -> tuple[Path, int]:
 def _syncfs_at(d: Path) -> None:
     """syncfs(2) of the file system holding *d*.  On a FUSE mount: every page the
     kernel still buffers for it (writeback cache) reaches the daemon and the real file."""
-    from rewindfs.overlay._sys import syncfs
+    from rewindfs.overlay.tree.syscalls import syncfs
     fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
     try:
         syncfs(fd)

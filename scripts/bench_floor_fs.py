@@ -35,8 +35,8 @@ import trio  # noqa: E402
 from pyfuse3 import FUSEError  # noqa: E402
 
 from rewindfs.overlay import _fastloop  # noqa: E402
-from rewindfs.overlay._daemon import _mount_options, writeback_default  # noqa: E402
-from rewindfs.overlay._fs import CACHE_TIMEOUT, RewindOperations  # noqa: E402
+from rewindfs.overlay.daemon import _mount_options, writeback_default  # noqa: E402
+from rewindfs.overlay.fs.ops import CACHE_TIMEOUT, RewindOperations  # noqa: E402
 
 
 def _errno(fn):

@@ -47,7 +47,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from rewindfs.overlay._paths import control_socket_path  # noqa: E402
+from rewindfs.overlay.places import control_socket_path  # noqa: E402
 
 
 def _is_mounted(path: Path) -> bool:

@@ -62,11 +62,11 @@ class Mount:
 
     @property
     def socket(self) -> bytes:
-        from rewindfs.overlay._paths import control_socket_path
+        from rewindfs.overlay.places import control_socket_path
         return control_socket_path(self.store, self.ws)
 
     def call(self, method: str, **params):
-        from rewindfs.overlay._protocol import call
+        from rewindfs.overlay.control.wire import call
         return call(self.socket, method, params, timeout=60)
 
     def open_store(self):

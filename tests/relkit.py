@@ -40,12 +40,12 @@ def _wait(pred, what: str, timeout: float = _WAIT_S) -> None:
 
 
 def socket_of(store, ws) -> bytes:
-    from rewindfs.overlay._paths import control_socket_path
+    from rewindfs.overlay.places import control_socket_path
     return control_socket_path(pathlib.Path(store), pathlib.Path(ws))
 
 
 def call(store, ws, method: str, **params):
-    from rewindfs.overlay._protocol import call as _call
+    from rewindfs.overlay.control.wire import call as _call
     return _call(socket_of(store, ws), method, params, timeout=60)
 
 

@@ -12,7 +12,7 @@ import contextlib
 import os
 import stat
 
-from rewindfs.overlay._capture import capture, subtree
+from rewindfs.overlay.capture import capture, subtree
 from rewindfs.store import Store
 from store_fixtures import assert_sound
 

@@ -9,10 +9,10 @@ import os
 
 import pytest
 
-from rewindfs.overlay._capture import capture, snapshot, subtree
-from rewindfs.overlay._ignore import IgnoreRules
-from rewindfs.overlay._paths import control_socket_path
-from rewindfs.overlay._resolve import PathEscape, open_dir, open_parent
+from rewindfs.overlay.capture import capture, snapshot, subtree
+from rewindfs.overlay.tree.ignore import IgnoreRules
+from rewindfs.overlay.places import control_socket_path
+from rewindfs.overlay.tree.walk import PathEscape, open_dir, open_parent
 from rewindfs.store import BadPath, PreImage, StoreFull
 
 
@@ -188,8 +188,8 @@ def test_capture_images_batches_match_one_by_one_snapshots(root, store, ws, monk
     """Across several content batches (forced small), with small, identical, large and
     empty files, a symlink, a directory and a missing path: every image is the one a
     plain ``snapshot`` takes, the journal holds it, and no fd is left open."""
-    from rewindfs.overlay._capture import _ContentBatch, capture_images
-    from rewindfs.overlay._resolve import DirCache
+    from rewindfs.overlay.capture import _ContentBatch, capture_images
+    from rewindfs.overlay.tree.walk import DirCache
     d, fd = root
     (d / "sub").mkdir()
     for i in range(7):
@@ -215,8 +215,8 @@ def test_capture_images_batches_match_one_by_one_snapshots(root, store, ws, monk
 
 
 def test_capture_images_fails_closed_when_a_batch_put_fails(root, store, ws, monkeypatch):
-    from rewindfs.overlay._capture import _ContentBatch, capture_images
-    from rewindfs.overlay._resolve import DirCache
+    from rewindfs.overlay.capture import _ContentBatch, capture_images
+    from rewindfs.overlay.tree.walk import DirCache
     d, fd = root
     for i in range(5):
         (d / f"f{i}").write_bytes(b"data %d" % i)

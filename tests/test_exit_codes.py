@@ -5,10 +5,10 @@ from pathlib import Path
 
 # Import every module that defines error classes, so all_error_classes() sees them.
 import rewindfs.overlay  # noqa: F401
-import rewindfs.overlay._cli_rewind  # noqa: F401
-import rewindfs.overlay._cli_rewind_view  # noqa: F401
-import rewindfs.overlay._diff  # noqa: F401
-import rewindfs.overlay._restore  # noqa: F401
+import rewindfs.overlay.cli.rewind  # noqa: F401
+import rewindfs.overlay.cli.render  # noqa: F401
+import rewindfs.overlay.rewind.diff  # noqa: F401
+import rewindfs.overlay.rewind.engine  # noqa: F401
 import rewindfs.plugin  # noqa: F401
 from rewindfs import store
 from rewindfs.store._errors import EXIT_COULD_NOT_RUN, EXIT_PARTIAL, EXIT_USAGE, all_error_classes

@@ -11,7 +11,7 @@ import stat
 import pytest
 
 from mountkit import mounted
-from rewindfs.overlay import _sys
+from rewindfs.overlay.tree import syscalls
 
 pytestmark = pytest.mark.mount
 
@@ -193,7 +193,7 @@ def _renameat2(a, b, flags):
     da = os.open(os.path.dirname(a), os.O_RDONLY | os.O_DIRECTORY)
     db = os.open(os.path.dirname(b), os.O_RDONLY | os.O_DIRECTORY)
     try:
-        _sys.renameat2(da, os.fsencode(os.path.basename(a)), db,
+        syscalls.renameat2(da, os.fsencode(os.path.basename(a)), db,
                        os.fsencode(os.path.basename(b)), flags)
     finally:
         os.close(da)
@@ -207,9 +207,9 @@ def test_rename_exchange_and_noreplace(t):
             f.write(data)
     t.begin()
     with pytest.raises(OSError) as exc:
-        _renameat2(t.p("a"), t.p("c"), _sys.RENAME_NOREPLACE)
+        _renameat2(t.p("a"), t.p("c"), syscalls.RENAME_NOREPLACE)
     assert exc.value.errno == errno.EEXIST
-    _renameat2(t.p("a"), t.p("dir"), _sys.RENAME_EXCHANGE)
+    _renameat2(t.p("a"), t.p("dir"), syscalls.RENAME_EXCHANGE)
     assert open(t.p("dir")).read() == "A"
     assert open(t.p("a", "in")).read() == "I"
     j = t.journal()
@@ -217,7 +217,7 @@ def test_rename_exchange_and_noreplace(t):
     assert t.content(j[t.r("dir", "in")]) == b"I"
     assert j[t.r("a", "in")].kind == "absent"
     assert t.r("c") not in j  # the refused rename changed nothing
-    _renameat2(t.p("c"), t.p("new"), _sys.RENAME_NOREPLACE)
+    _renameat2(t.p("c"), t.p("new"), syscalls.RENAME_NOREPLACE)
     assert not os.path.exists(t.p("c")) and open(t.p("new")).read() == "C"
 
 

@@ -214,5 +214,5 @@ def test_external_fusermount_unmount_ends_the_daemon_cleanly(dirs):
         assert subprocess.run(["fusermount3", "-u", str(ws)]).returncode == 0
         assert proc.wait(timeout=30) == 0
         assert not is_rewindfs_mount(ws)
-        from rewindfs.overlay._paths import control_socket_path
+        from rewindfs.overlay.places import control_socket_path
         assert not os.path.exists(control_socket_path(store, ws))  # socket removed

@@ -11,7 +11,7 @@ import threading
 import pytest
 
 from mountkit import mounted
-from rewindfs.overlay import _sys
+from rewindfs.overlay.tree import syscalls
 
 pytestmark = pytest.mark.mount
 
@@ -94,7 +94,7 @@ def test_times_modes_owners(d):
     assert (st.st_atime_ns, st.st_mtime_ns) == (1_000_000_007, 2_000_000_009)
     fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        _sys.utimensat(fd, b"f", None, 3_000_000_000)  # UTIME_OMIT for atime
+        syscalls.utimensat(fd, b"f", None, 3_000_000_000)  # UTIME_OMIT for atime
     finally:
         os.close(fd)
     st = os.stat(f)

@@ -107,7 +107,7 @@ def test_times_pushed_after_unlink_are_not_errors(tmp_path):
     """The kernel pushes the mtime of a written file lazily (SETATTR at writeback); when
     the file was unlinked in between there is nothing left to change, and the push must
     not turn into a writeback error that a later fsync/syncfs reports."""
-    from rewindfs.overlay._sys import syncfs
+    from rewindfs.overlay.tree.syscalls import syncfs
     ws = tmp_path / "ws"
     with mounted(ws, tmp_path / "store", env=_WB) as m:
         m.call("turn.begin", session="s", turn=1, label="t")

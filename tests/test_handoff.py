@@ -8,8 +8,8 @@ import threading
 
 import trio
 
-from rewindfs.overlay._handoff import Handoff
-from rewindfs.overlay._rewind_service import _run_streaming
+from rewindfs.overlay.control.handoff import Handoff
+from rewindfs.overlay.control.rewind_methods import _run_streaming
 
 
 async def test_a_burst_is_one_delivery_in_order():

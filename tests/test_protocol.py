@@ -11,7 +11,7 @@ import stat
 import pytest
 
 from mountkit import mounted
-from rewindfs.overlay._protocol import BadParams, BadVersion, UnknownMethod, call, parse_request
+from rewindfs.overlay.control.wire import BadParams, BadVersion, UnknownMethod, call, parse_request
 from rewindfs.store._errors import RewindfsError
 
 pytestmark = pytest.mark.mount

@@ -87,7 +87,7 @@ def _rename_over_twin(p):
 
 def _exchange_then_append(p):
     """RENAME_EXCHANGE of ``d/A`` with ``d/solo``, then a write through the new name."""
-    from rewindfs.overlay._sys import RENAME_EXCHANGE, renameat2
+    from rewindfs.overlay.tree.syscalls import RENAME_EXCHANGE, renameat2
     fd = os.open(os.path.dirname(p), os.O_RDONLY | os.O_DIRECTORY)
     try:
         renameat2(fd, b"A", fd, b"solo", RENAME_EXCHANGE)

@@ -23,7 +23,7 @@ import threading
 import pytest
 
 from mountkit import cli, mounted
-from rewindfs.overlay._restore import apply_plan, plan_rewind
+from rewindfs.overlay.rewind.engine import apply_plan, plan_rewind
 from restorekit import History
 from rewindfs.store import Store
 from store_fixtures import assert_sound

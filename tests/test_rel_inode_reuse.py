@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 
-from rewindfs.overlay._restore import apply_plan, plan_rewind
+from rewindfs.overlay.rewind.engine import apply_plan, plan_rewind
 from restorekit import History
 from rewindfs.store import Store
 from store_fixtures import assert_sound

@@ -312,8 +312,8 @@ def test_temp_names_in_a_journal_are_never_planned_or_restored(tmp_path):
     """An older version captured a rewind's staged ``.rewindfs~`` file as a real path
     (a rename of the directory being landed into): no rewind or redo may bring it back,
     list it or count it."""
-    from rewindfs.overlay._restore import apply_plan, plan_rewind
-    from rewindfs.overlay._capture import capture
+    from rewindfs.overlay.rewind.engine import apply_plan, plan_rewind
+    from rewindfs.overlay.capture import capture
     from restorekit import open_history
     with open_history(tmp_path) as h:
         os.mkdir(h.p(b"d"))

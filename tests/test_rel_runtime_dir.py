@@ -49,7 +49,7 @@ def _env(run: str) -> dict:
 
 
 def _sock(store, ws, run) -> bytes:
-    from rewindfs.overlay._paths import control_socket_path
+    from rewindfs.overlay.places import control_socket_path
     old = os.environ.get("XDG_RUNTIME_DIR")
     os.environ["XDG_RUNTIME_DIR"] = run
     try:
@@ -84,7 +84,7 @@ def _listing(path: str) -> list[str]:
 # -- the /tmp fallback: path logic and the check on a fake base -------------------------
 
 def test_tmp_fallback_path_and_check(base, monkeypatch):
-    from rewindfs.overlay._paths import UnsafeRuntimeDir, control_socket_path, ensure_runtime_dir
+    from rewindfs.overlay.places import UnsafeRuntimeDir, control_socket_path, ensure_runtime_dir
     monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
     sock = control_socket_path(os.path.join(base, "store"), base)
     assert os.path.dirname(sock) == b"/tmp/rewindfs-%d" % os.getuid()
@@ -199,7 +199,7 @@ def _python_clients(path: bytes):
     """Each Python client's attempt at a ``status`` on *path*; returns the error codes."""
     import trio
 
-    from rewindfs.overlay._protocol import call
+    from rewindfs.overlay.control.wire import call
     from rewindfs.plugin.client import Client, RewindfsClientError, TrioClient
     from rewindfs.store._errors import RewindfsError
 

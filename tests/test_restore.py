@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 
-from rewindfs.overlay._restore import apply_plan, plan_redo, plan_rewind
+from rewindfs.overlay.rewind.engine import apply_plan, plan_redo, plan_rewind
 from restorekit import History, open_history
 from rewindfs.store import NothingToRedo, RewindfsError, TurnOpen
 from store_fixtures import assert_sound

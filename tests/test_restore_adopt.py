@@ -18,7 +18,7 @@ import pytest
 import xxhash
 
 from mountkit import mounted
-from rewindfs.overlay._restore import apply_plan, plan_redo, plan_rewind, recover
+from rewindfs.overlay.rewind.engine import apply_plan, plan_redo, plan_rewind, recover
 from restorekit import History, open_history
 from rewindfs.store import Store
 from store_fixtures import assert_sound
@@ -222,7 +222,7 @@ def test_landing_failure_after_adopt_unshares_the_blob(hist):
 CHILD = textwrap.dedent("""
     import os, sys
     from rewindfs.store import Store
-    from rewindfs.overlay._restore import apply_plan, plan_rewind
+    from rewindfs.overlay.rewind.engine import apply_plan, plan_rewind
     class Fence:
         def fence_writes(self, key): return True
         def unfence_writes(self, key): pass
@@ -368,7 +368,7 @@ def test_fence_refuses_new_writers_until_lifted(tmp_path):
     import pyfuse3
     import trio
 
-    from rewindfs.overlay._fs import RewindOperations
+    from rewindfs.overlay.fs.ops import RewindOperations
 
     ws = tmp_path / "ws"
     ws.mkdir()

@@ -15,7 +15,7 @@ import textwrap
 
 import pytest
 
-from rewindfs.overlay._restore import apply_plan, plan_redo, recover
+from rewindfs.overlay.rewind.engine import apply_plan, plan_redo, recover
 from restorekit import History
 from rewindfs.store import Store
 from store_fixtures import assert_sound
@@ -27,7 +27,7 @@ BIG = 300 << 10     # above the store's inline limit: a blob file, several chunk
 CHILD = textwrap.dedent("""
     import os, sys
     from rewindfs.store import Store
-    from rewindfs.overlay._restore import apply_plan, plan_rewind
+    from rewindfs.overlay.rewind.engine import apply_plan, plan_rewind
     store_path, ws_path, point = sys.argv[1:4]
     store = Store.open(store_path)
     ws = store.workspace(os.fsencode(ws_path))

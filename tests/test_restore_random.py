@@ -11,7 +11,7 @@ import random
 
 import pytest
 
-from rewindfs.overlay._restore import apply_plan, plan_redo, plan_rewind
+from rewindfs.overlay.rewind.engine import apply_plan, plan_redo, plan_rewind
 from restorekit import History
 from rewind_agent import Agent
 from rewindfs.store import Store

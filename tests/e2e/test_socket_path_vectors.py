@@ -39,7 +39,7 @@ def test_python_client_paths(v, monkeypatch):
 
 @pytest.mark.parametrize("v", DATA["socket_path"], ids=lambda v: f"uid{v['uid']}")
 def test_daemon_paths(v, monkeypatch):
-    from rewindfs.overlay._paths import control_socket_path
+    from rewindfs.overlay.places import control_socket_path
 
     monkeypatch.setattr(os, "getuid", lambda: v["uid"])
     if v["XDG_RUNTIME_DIR"] is None:

@@ -44,7 +44,7 @@ import stat
 from rewindfs.store import INLINE_MAX
 from rewindfs.store._errors import RewindfsError
 
-from . import _restore_land as L
+from rewindfs.overlay.rewind import land as L
 
 log = logging.getLogger(__name__)
 

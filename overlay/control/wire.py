@@ -27,7 +27,7 @@ import trio
 
 from rewindfs.store._errors import EXIT_USAGE, RewindfsError, all_error_classes
 
-from ._fdbudget import EXHAUSTED
+from rewindfs.overlay.tree.fdbudget import EXHAUSTED
 
 log = logging.getLogger(__name__)
 
@@ -236,7 +236,7 @@ async def turn_begin(ctx, params: dict, emit) -> dict:
 
 
 def _mutation_lock(ctx) -> trio.Lock:
-    from ._rewind_service import rewind_lock  # late: _rewind_service imports this module
+    from rewindfs.overlay.control.rewind_methods import rewind_lock  # late: _rewind_service imports this module
     return rewind_lock(ctx)
 
 
@@ -302,7 +302,7 @@ TABLE = {
 }
 
 try:
-    from rewindfs.overlay._rewind_service import METHODS as _RW
+    from rewindfs.overlay.control.rewind_methods import METHODS as _RW
     TABLE.update(_RW)
 except ImportError:
     pass
@@ -344,7 +344,7 @@ def call(sock_path, method: str, params: dict | None = None, *, on_event=None,
     ``UnsafeSocket`` (nothing sent) if the socket or the process answering on it
     belongs to neither our uid nor root.
     """
-    from ._paths import check_socket_owner   # late: _paths is light, but keep imports flat
+    from rewindfs.overlay.places import check_socket_owner   # late: _paths is light, but keep imports flat
 
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.settimeout(timeout)

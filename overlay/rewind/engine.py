@@ -65,14 +65,14 @@ from rewindfs.store import INLINE_MAX, NothingToRedo, Plan, RewindfsError, TurnO
 from rewindfs.store._errors import PathEscape
 from rewindfs.store._preimage import check_relpath
 
-from . import _restore_land as L
-from ._capture import capture, capture_images
-from ._fdbudget import dir_cache_size
-from ._ignore import IgnoreRules
-from ._resolve import DirCache, split
-from ._restore_adopt import Adopter, unshare_epoch
-from ._restore_links import InodeIndex, parse_group
-from ._sys import syncfs
+from rewindfs.overlay.rewind import land as L
+from rewindfs.overlay.capture import capture, capture_images
+from rewindfs.overlay.tree.fdbudget import dir_cache_size
+from rewindfs.overlay.tree.ignore import IgnoreRules
+from rewindfs.overlay.tree.walk import DirCache, split
+from rewindfs.overlay.rewind.adopt import Adopter, unshare_epoch
+from rewindfs.overlay.rewind.links import InodeIndex, parse_group
+from rewindfs.overlay.tree.syscalls import syncfs
 
 log = logging.getLogger(__name__)
 

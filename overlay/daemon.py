@@ -34,11 +34,13 @@ import trio
 
 from rewindfs.store._errors import RewindfsError
 
-from . import _fastloop, _protocol, _sys
-from ._fdbudget import EXHAUSTED, raise_soft_limit
-from ._fs import RewindOperations
-from ._handoff import Handoff
-from ._paths import (AlreadyMounted, MountFailed, StaleMount, check_workspace,
+from rewindfs.overlay.fs import session
+from rewindfs.overlay.control import wire
+from rewindfs.overlay.tree import syscalls
+from rewindfs.overlay.tree.fdbudget import EXHAUSTED, raise_soft_limit
+from rewindfs.overlay.fs.ops import RewindOperations
+from rewindfs.overlay.control.handoff import Handoff
+from rewindfs.overlay.places import (AlreadyMounted, MountFailed, StaleMount, check_workspace,
                      control_socket_path, ensure_runtime_dir, is_inside, peer_uid,
                      resolve_store_path)
 
@@ -129,7 +131,7 @@ class DaemonContext:
         def sync():
             fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
             try:
-                _sys.syncfs(fd)
+                syscalls.syncfs(fd)
             finally:
                 os.close(fd)
 
@@ -144,7 +146,7 @@ class DaemonContext:
                 if attempt == 2 or not self.fs.table.shed():
                     # without the flush, dirty pages could cross the turn boundary:
                     # refuse this mark rather than misattribute writes
-                    raise _protocol.FdExhausted() from None
+                    raise wire.FdExhausted() from None
 
     async def bypass_processes(self) -> list[int]:
         """Pids whose cwd is inside the bare directory under the mount (their writes
@@ -240,7 +242,7 @@ async def _serve_connection(ctx, stream: trio.SocketStream) -> None:
             uid = peer_uid(stream.socket)
             if uid not in (os.getuid(), 0):
                 log.warning("refused control connection from uid %d", uid)
-                await stream.send_all(_protocol.reply_error(None, _protocol.Forbidden(uid=uid)))
+                await stream.send_all(wire.reply_error(None, wire.Forbidden(uid=uid)))
                 return
             await _read_requests(ctx, stream)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
@@ -250,7 +252,7 @@ async def _serve_connection(ctx, stream: trio.SocketStream) -> None:
 
 
 async def _read_requests(ctx, stream) -> None:
-    lines = _protocol.LineBuffer()   # linear: each byte searched for a newline once
+    lines = wire.LineBuffer()   # linear: each byte searched for a newline once
     skipping = False  # inside an oversized line: drop bytes up to its newline
     while True:
         data = await stream.receive_some(65536)
@@ -261,17 +263,17 @@ async def _read_requests(ctx, stream) -> None:
             if skipping:
                 skipping = False
                 continue
-            if len(line) > _protocol.MAX_LINE:
-                await stream.send_all(_protocol.reply_error(None, _protocol.TooLarge()))
+            if len(line) > wire.MAX_LINE:
+                await stream.send_all(wire.reply_error(None, wire.TooLarge()))
                 continue
             if not line.strip():
                 continue
-            await _protocol.dispatch(ctx, line, stream.send_all)
+            await wire.dispatch(ctx, line, stream.send_all)
             if ctx._unmount_pending:
                 ctx.shutdown.set()
-        if lines.pending() > _protocol.MAX_LINE:
+        if lines.pending() > wire.MAX_LINE:
             if not skipping:
-                await stream.send_all(_protocol.reply_error(None, _protocol.TooLarge()))
+                await stream.send_all(wire.reply_error(None, wire.TooLarge()))
             skipping = True
             lines.clear()
 
@@ -337,7 +339,7 @@ def _refuse_one(listener: socket.socket) -> None:
     with raw:
         try:
             raw.setblocking(False)
-            raw.send(_protocol.reply_error(None, _protocol.FdExhausted()))
+            raw.send(wire.reply_error(None, wire.FdExhausted()))
             raw.shutdown(socket.SHUT_WR)
             # read what the client sent already: closing on unread data resets the
             # connection (the client's next send fails; its read still gets the line)
@@ -354,7 +356,7 @@ async def _fuse_main(ctx) -> None:
     it (a bug: handlers map their failures to errnos) is logged and the loop restarted
     after a pause; the request it came from goes unanswered, the mount stays."""
     if os.environ.get("REWINDFS_SLOWLOOP") is None:
-        _fastloop.install()
+        session.install()
     failures, last = 0, 0.0
     try:
         while True:
@@ -415,12 +417,12 @@ def _recover_intent(root_fd: int, store, ws: int) -> None:
     if not store.get_intent(ws):
         return
     try:
-        from rewindfs.overlay import _restore
+        from rewindfs.overlay.rewind import engine
     except ImportError:
         log.warning("an interrupted rewind is recorded but the restore engine is missing")
         return
     log.info("finishing an interrupted rewind")
-    _restore.recover(root_fd, store, ws)
+    engine.recover(root_fd, store, ws)
 
 
 def _mount_options() -> set[str]:
@@ -467,7 +469,7 @@ def _preload(real: bytes) -> None:
     """Import now whatever might be imported later, and drop import paths inside the
     workspace: once mounted, an import that stats a path in our own mount from the trio
     thread (or before the kernel's INIT is answered) would wait on ourselves forever."""
-    for name in ("rewindfs.overlay._restore", "rewindfs.overlay._rewind_service", "rewindfs.overlay._capture",
+    for name in ("rewindfs.overlay.rewind.engine", "rewindfs.overlay.control.rewind_methods", "rewindfs.overlay.capture",
                  "encodings.idna", "rich.console", "rich.markup"):
         try:
             __import__(name)

@@ -31,7 +31,7 @@ import stat
 
 import pyfuse3
 
-from ._fdbudget import EXHAUSTED, dir_cache_size
+from rewindfs.overlay.tree.fdbudget import EXHAUSTED, dir_cache_size
 
 __all__ = ["Inode", "InodeTable"]
 

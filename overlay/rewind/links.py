@@ -44,7 +44,7 @@ import logging
 import os
 import stat
 
-from . import _restore_land as L
+from rewindfs.overlay.rewind import land as L
 
 log = logging.getLogger(__name__)
 

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 
 from rewindfs.store import PreImage, RewindfsError, check_relpath
 
-from . import _restore_land as L
-from ._capture import snapshot
-from ._resolve import open_parent
+from rewindfs.overlay.rewind import land as L
+from rewindfs.overlay.capture import snapshot
+from rewindfs.overlay.tree.walk import open_parent
 
 __all__ = ["Change", "Content", "NotAFile", "content_at", "diff_points", "open_content",
            "state_now", "state_of"]

@@ -32,9 +32,9 @@ from rewindfs.store import INLINE_MAX
 from rewindfs.store._errors import PathEscape
 from rewindfs.store._preimage import PreImage
 
-from ._fdbudget import share
-from ._resolve import open_dir, open_parent, parent_of
-from ._restore_land import TMP_PREFIX
+from rewindfs.overlay.tree.fdbudget import share
+from rewindfs.overlay.tree.walk import open_dir, open_parent, parent_of
+from rewindfs.overlay.rewind.land import TMP_PREFIX
 
 _TMP_NAME = os.fsdecode(TMP_PREFIX)
 

@@ -18,9 +18,10 @@ import time
 
 from rewindfs.store._errors import RewindfsError
 
-from . import _daemon, _protocol
-from ._cli_rewind_view import human_bytes
-from ._paths import (AlreadyMounted, MountFailed, NotMounted, UsageError, check_workspace,
+from rewindfs.overlay import daemon
+from rewindfs.overlay.control import wire
+from rewindfs.overlay.cli.render import human_bytes
+from rewindfs.overlay.places import (AlreadyMounted, MountFailed, NotMounted, UsageError, check_workspace,
                      control_socket_path, ensure_runtime_dir, is_inside, open_log,
                      resolve_store_path)
 
@@ -50,7 +51,7 @@ def call_daemon(args, method: str, params=None, *, on_event=None) -> dict:
     store = resolve_store_path(args.store)
     _, sock = find_daemon(getattr(args, "workspace", None) or ".", store)
     try:
-        return _protocol.call(sock, method, params or {}, on_event=on_event)
+        return wire.call(sock, method, params or {}, on_event=on_event)
     except (ConnectionRefusedError, FileNotFoundError):
         raise NotMounted(path=os.fsdecode(getattr(args, "workspace", None) or os.getcwd())) from None
 
@@ -82,7 +83,7 @@ def spawn_daemon(dir_path, store, *, recover: bool = False) -> int:
     if not line:
         raise MountFailed(path=os.fsdecode(dir_path),
                           reason=f"the daemon exited early; see {os.fsdecode(logfile)}")
-    raise _protocol.error_from_dict(json.loads(line))
+    raise wire.error_from_dict(json.loads(line))
 
 
 def _daemon_child(dir_path, store, recover, w, log_fd) -> int:
@@ -101,11 +102,11 @@ def _daemon_child(dir_path, store, recover, w, log_fd) -> int:
             os.write(w, b"ok\n")
             os.close(w)
 
-        return _daemon.serve_mount(dir_path, store, recover=recover, ready=ready)
+        return daemon.serve_mount(dir_path, store, recover=recover, ready=ready)
     except BaseException as exc:  # report to the waiting parent, never unwind into it
         logging.getLogger(__name__).exception("daemon failed")
         try:
-            os.write(w, _daemon.error_line(exc))
+            os.write(w, daemon.error_line(exc))
         except OSError:
             pass
         return exc.exit_code if isinstance(exc, RewindfsError) else 2
@@ -119,18 +120,18 @@ def unmount_workspace(dir_path, store) -> str:
         os.statvfs(real)  # statfs always reaches the daemon (stat may come from cache)
     except OSError as exc:
         if exc.errno == errno.ENOTCONN:  # a dead daemon's mount
-            _daemon.lazy_unmount(real)
+            daemon.lazy_unmount(real)
             return "stale mount detached"
         raise NotMounted(path=os.fsdecode(raw)) from None
-    if not _daemon.find_rewindfs_mount(real):
+    if not daemon.find_rewindfs_mount(real):
         raise NotMounted(path=os.fsdecode(real))
     try:
-        _protocol.call(control_socket_path(store, real), "unmount", {}, timeout=30)
+        wire.call(control_socket_path(store, real), "unmount", {}, timeout=30)
     except (OSError, RewindfsError) as exc:
         log.info("daemon did not answer (%s); using fusermount3 -u", exc)
         subprocess.run(["fusermount3", "-u", os.fsdecode(real)], check=False)
     deadline = time.monotonic() + _UNMOUNT_WAIT_S
-    while _daemon.find_rewindfs_mount(real):
+    while daemon.find_rewindfs_mount(real):
         if time.monotonic() > deadline:
             raise MountFailed(path=os.fsdecode(real), reason="still mounted (busy?)")
         time.sleep(0.02)
@@ -156,7 +157,7 @@ def cmd_mount(args, out) -> int:
             out.emit("mounted", workspace=os.fsdecode(real), pid=os.getpid(), socket=sock)
             out.say(f"mounted {os.fsdecode(real)} (pid {os.getpid()})")
 
-        return _daemon.serve_mount(args.dir, store, recover=args.recover, ready=ready,
+        return daemon.serve_mount(args.dir, store, recover=args.recover, ready=ready,
                                    writeback=args.writeback)
     spawn_daemon(args.dir, store, recover=args.recover)
     out.emit("mounted", workspace=os.fsdecode(real),
@@ -182,9 +183,9 @@ def cmd_run(args, out) -> int:
     store = resolve_store_path(args.store)
     ws_dir = args.dir or "."
     cwd = os.getcwd()  # a path string: resolving it again after the mount re-enters it
-    daemon = None
+    child = None
     try:
-        daemon = spawn_daemon(ws_dir, store)
+        child = spawn_daemon(ws_dir, store)
     except AlreadyMounted:
         out.say("already mounted; running inside the existing mount")
     try:
@@ -194,9 +195,9 @@ def cmd_run(args, out) -> int:
             out.warn(f"command not found: {cmd[0]}")
             return 127
     finally:
-        if daemon is not None:
+        if child is not None:
             unmount_workspace(ws_dir, store)
-            os.waitpid(daemon, 0)  # our child: reap it
+            os.waitpid(child, 0)  # our child: reap it
 
 
 def cmd_turn_begin(args, out) -> int:

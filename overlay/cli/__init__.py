@@ -20,7 +20,7 @@ import sys
 
 from rewindfs.store._errors import RewindfsError
 
-from ._paths import UsageError
+from rewindfs.overlay.places import UsageError
 
 __all__ = ["Output", "main"]
 
@@ -93,16 +93,16 @@ def build_parser():
     parser.add_argument("--version", action="version", version=f"rewindfs {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     table = {}
-    from . import _cli_mount
-    _cli_mount.register(sub)
-    table.update(_cli_mount.HANDLERS)
+    from rewindfs.overlay.cli import mount
+    mount.register(sub)
+    table.update(mount.HANDLERS)
     try:
-        from . import _cli_rewind
+        from rewindfs.overlay.cli import rewind
     except ImportError:
         pass
     else:
-        _cli_rewind.register(sub)
-        table.update(_cli_rewind.HANDLERS)
+        rewind.register(sub)
+        table.update(rewind.HANDLERS)
     return parser, table
 
 
@@ -125,6 +125,3 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         return 130
 
-
-if __name__ == "__main__":
-    sys.exit(main())

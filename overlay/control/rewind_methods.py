@@ -26,9 +26,11 @@ from rewindfs.store._errors import BadPath, PathEscape, RewindfsError
 from rewindfs.store._gc import policy_problem
 from rewindfs.store._preimage import check_relpath
 
-from . import _diff, _restore, _sys
-from ._handoff import Handoff
-from ._protocol import BadParams, check_text
+from rewindfs.overlay.rewind import diff
+from rewindfs.overlay.rewind import engine
+from rewindfs.overlay.tree import syscalls
+from rewindfs.overlay.control.handoff import Handoff
+from rewindfs.overlay.control.wire import BadParams, check_text
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +96,7 @@ def _opt_str(params: dict, name: str, method: str) -> str | None:
 
 # -- wire forms -----------------------------------------------------------------------
 
-def plan_dict(plan: _restore.RewindPlan, *, with_changes: bool) -> dict:
+def plan_dict(plan: engine.RewindPlan, *, with_changes: bool) -> dict:
     counts = plan.counts()
     out = {"target": plan.target, **counts,
            "foreign": [{"path": os.fsdecode(p), "epoch": e.id, "kind": e.kind,
@@ -123,7 +125,7 @@ def events_of(event: dict) -> dict:
 def _run_rewind(ctx, make_plan, *, dry_run: bool, session, force: bool, send) -> dict:
     if not dry_run and ctx.store.get_intent(ctx.ws) is not None:
         # An earlier rewind of this workspace broke off: finish it before planning anew.
-        _restore.recover(ctx.root_fd, ctx.store, ctx.ws,
+        engine.recover(ctx.root_fd, ctx.store, ctx.ws,
                          invalidate=getattr(ctx, "invalidate", None),
                          epoch_changed=getattr(ctx, "epoch_changed", None),
                          fence=_fence(ctx))
@@ -132,7 +134,7 @@ def _run_rewind(ctx, make_plan, *, dry_run: bool, session, force: bool, send) ->
     send({"type": "rewind.planned", "dry_run": dry_run, **summary})
     if dry_run:
         return {"dry_run": True, "epoch": None, **summary}
-    result = _restore.apply_plan(
+    result = engine.apply_plan(
         ctx.root_fd, ctx.store, ctx.ws, plan, session=session, force=force,
         progress=lambda ev: send(events_of(ev)), invalidate=getattr(ctx, "invalidate", None),
         epoch_changed=getattr(ctx, "epoch_changed", None),
@@ -162,7 +164,7 @@ def rewind_sync(ctx, params: dict, send) -> dict:
     session = _opt_str(params, "session", "rewind")
     undo_for = _opt_str(params, "undo_for", "rewind")
     dry_run, force = _flag(params, "dry_run", "rewind"), _flag(params, "force", "rewind")
-    make = functools.partial(_restore.plan_rewind, ctx.root_fd, ctx.store, ctx.ws, to,
+    make = functools.partial(engine.plan_rewind, ctx.root_fd, ctx.store, ctx.ws, to,
                              paths=paths, session=session)
     # undo_for: the rewind is attributed to that session, so its `redo` finds it.
     return _run_rewind(ctx, make, dry_run=dry_run, force=force, send=send,
@@ -172,7 +174,7 @@ def rewind_sync(ctx, params: dict, send) -> dict:
 def redo_sync(ctx, params: dict, send) -> dict:
     session = _opt_str(params, "session", "redo")
     dry_run, force = _flag(params, "dry_run", "redo"), _flag(params, "force", "redo")
-    make = functools.partial(_restore.plan_redo, ctx.root_fd, ctx.store, ctx.ws,
+    make = functools.partial(engine.plan_redo, ctx.root_fd, ctx.store, ctx.ws,
                              session=session)
     return _run_rewind(ctx, make, dry_run=dry_run, force=force, session=session, send=send)
 
@@ -183,7 +185,7 @@ def diff_sync(ctx, params: dict, send) -> dict:
     session = _opt_str(params, "session", "diff")
     ea = ctx.store.resolve_point(ctx.ws, a, session)
     eb = None if b is None else ctx.store.resolve_point(ctx.ws, b, session)
-    changes = _diff.diff_points(ctx.root_fd, ctx.store, ctx.ws, ea, eb, paths=paths)
+    changes = diff.diff_points(ctx.root_fd, ctx.store, ctx.ws, ea, eb, paths=paths)
     return {"a": ea, "b": eb, "changes": [c.to_dict() for c in changes]}
 
 
@@ -216,7 +218,7 @@ def open_show(ctx, params: dict):
     session = _opt_str(params, "session", "show")
     _flag(params, "stream", "show")
     epoch = None if point is None else ctx.store.resolve_point(ctx.ws, point, session)
-    return epoch, _diff.open_content(ctx.root_fd, ctx.store, ctx.ws, epoch, path), path
+    return epoch, diff.open_content(ctx.root_fd, ctx.store, ctx.ws, epoch, path), path
 
 
 def _chunk_event(offset: int, chunk: bytes) -> dict:
@@ -290,7 +292,7 @@ async def _handle(method: str, ctx, params: dict, emit) -> dict:
             result = await _run_streaming(SYNC[method], ctx, params, emit)
         finally:
             if method in ("rewind", "redo", "gc"):
-                await trio.to_thread.run_sync(_sys.malloc_trim)
+                await trio.to_thread.run_sync(syscalls.malloc_trim)
         if changes:
             await ctx.invalidations_settled()
         return result

@@ -60,15 +60,15 @@ from pyfuse3 import FUSEError
 from rewindfs.store import EpochClosed
 from rewindfs.store._errors import RewindfsError
 
-from . import _sys
-from ._fdbudget import EXHAUSTED
-from ._capture import capture, rename_paths
-from ._ignore import IGNORE_FILE, IgnoreRules
-from ._inodes import InodeTable, child
-from ._notify import Notifier
-from ._resolve import open_parent, split
-from ._restore_land import TMP_PREFIX
-from ._restore_links import InodeIndex
+from rewindfs.overlay.tree import syscalls
+from rewindfs.overlay.tree.fdbudget import EXHAUSTED
+from rewindfs.overlay.capture import capture, rename_paths
+from rewindfs.overlay.tree.ignore import IGNORE_FILE, IgnoreRules
+from rewindfs.overlay.fs.inodes import InodeTable, child
+from rewindfs.overlay.fs.notify import Notifier
+from rewindfs.overlay.tree.walk import open_parent, split
+from rewindfs.overlay.rewind.land import TMP_PREFIX
+from rewindfs.overlay.rewind.links import InodeIndex
 
 log = logging.getLogger(__name__)
 
@@ -414,7 +414,7 @@ class RewindOperations(pyfuse3.Operations):
                          attr.st_gid if fields.update_gid else -1,
                          dir_fd=fd, follow_symlinks=False)
             if fields.update_atime or fields.update_mtime:
-                _sys.utimensat(fd, name,
+                syscalls.utimensat(fd, name,
                                attr.st_atime_ns if fields.update_atime else None,
                                attr.st_mtime_ns if fields.update_mtime else None)
             return self._attr(node, os.stat(name, dir_fd=fd, follow_symlinks=False))
@@ -578,8 +578,8 @@ class RewindOperations(pyfuse3.Operations):
                                  exchange=exchange)
                     + self._twins(st_old) + self._twins(st_new))
         with self._parent(old) as (ofd, oname), self._parent(new) as (nfd, nname):
-            _sys.renameat2(ofd, oname, nfd, nname, flags & (_sys.RENAME_NOREPLACE |
-                                                          _sys.RENAME_EXCHANGE))
+            syscalls.renameat2(ofd, oname, nfd, nname, flags & (syscalls.RENAME_NOREPLACE |
+                                                          syscalls.RENAME_EXCHANGE))
         self._renamed(old, new, st_old, st_new, exchange)
 
     def _renamed(self, old, new, st_old, st_new, exchange) -> None:

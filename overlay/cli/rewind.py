@@ -19,10 +19,10 @@ import socket
 
 from rewindfs.store._errors import PathEscape, RewindfsError
 
-from . import _cli_rewind_view as V
-from . import _protocol
-from ._cli_mount import find_daemon
-from ._paths import NotMounted, StaleMount, is_inside, resolve_store_path
+from rewindfs.overlay.cli import render as V
+from rewindfs.overlay.control import wire
+from rewindfs.overlay.cli.mount import find_daemon
+from rewindfs.overlay.places import NotMounted, StaleMount, is_inside, resolve_store_path
 
 __all__ = ["HANDLERS", "NotAWorkspace", "open_workspace", "register"]
 
@@ -42,7 +42,7 @@ class _Mounted:
         self.root, self.sock = root, sock
 
     def call(self, method: str, params: dict, on_event=None) -> dict:
-        return _protocol.call(self.sock, method, params, on_event=on_event)
+        return wire.call(self.sock, method, params, on_event=on_event)
 
     def points(self, session=None) -> list[dict]:
         return self.call("points", {"session": session} if session else {})["points"]
@@ -55,7 +55,7 @@ class _Offline:
         self.store, self.ws, self.root, self.root_fd = store, ws, root, root_fd
 
     def call(self, method: str, params: dict, on_event=None) -> dict:
-        from ._rewind_service import call_local
+        from rewindfs.overlay.control.rewind_methods import call_local
         return call_local(self, method, params, on_event)
 
     def points(self, session=None) -> list[dict]:
@@ -97,8 +97,8 @@ def open_workspace(args, out):
 def _offline(store_path, start: bytes, out):
     from rewindfs.store import Store
 
-    from ._daemon import find_rewindfs_mount
-    from ._restore import recover
+    from rewindfs.overlay.daemon import find_rewindfs_mount
+    from rewindfs.overlay.rewind.engine import recover
 
     real = os.path.realpath(start)
     with Store.open(store_path, create=False) as store:
@@ -232,7 +232,7 @@ class _ShowSink:
             self._start(ev.get("point"))
         elif ev.get("type") == "show.chunk":
             if ev.get("offset") != self.n:
-                raise _protocol.BadReply(reason=f"chunk at offset {ev.get('offset')}, "
+                raise wire.BadReply(reason=f"chunk at offset {ev.get('offset')}, "
                                               f"expected {self.n}")
             self._write(base64.b64decode(ev["data_b64"]))
 
@@ -277,7 +277,7 @@ class _ShowSink:
             self._write(base64.b64decode(res.get("content_b64") or ""))
         elif res.get("size") != self.n:
             self.abort()
-            raise _protocol.BadReply(reason=f"got {self.n} bytes, announced {res.get('size')}")
+            raise wire.BadReply(reason=f"got {self.n} bytes, announced {res.get('size')}")
         if self.out is None:
             return
         if self.out.json:
@@ -326,11 +326,11 @@ def cmd_gc(args, out) -> int:
     store_path = resolve_store_path(args.store)
     live = _live_daemon(os.fsencode(_start(args)), store_path)
     if live is not None:
-        report = _protocol.call(live[1], "gc", params)
+        report = wire.call(live[1], "gc", params)
     else:   # gc is store-wide: no workspace needed
         from rewindfs.store import Store
 
-        from ._rewind_service import gc_sync
+        from rewindfs.overlay.control.rewind_methods import gc_sync
         with Store.open(store_path, create=False) as store:
             report = gc_sync(_StoreOnly(store), params, None)
     V.render_gc(out, report)
