@@ -8,8 +8,9 @@ not import pyfuse3 or trio; the filesystem and the daemon load them.
 
 from rewindfs.overlay.capture import capture, snapshot
 from rewindfs.overlay.tree.ignore import IgnoreRules
-from rewindfs.overlay.places import (AlreadyMounted, BadWorkspace, MountFailed, NotMounted,
-                     RefusedWorkspace, StaleMount, UsageError, control_socket_path)
+from rewindfs.overlay.places import control_socket_path
+from rewindfs.overlay.errors import (AlreadyMounted, BadWorkspace, MountFailed, NotMounted,
+                                     RefusedWorkspace, StaleMount, UsageError)
 from rewindfs.overlay.tree.walk import PathEscape, open_parent
 
 __all__ = [

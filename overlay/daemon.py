@@ -34,15 +34,17 @@ import trio
 
 from rewindfs.store._errors import RewindfsError
 
+from rewindfs.overlay import errors
 from rewindfs.overlay.fs import session
 from rewindfs.overlay.control import wire
 from rewindfs.overlay.tree import syscalls
 from rewindfs.overlay.tree.fdbudget import EXHAUSTED, raise_soft_limit
 from rewindfs.overlay.fs.ops import RewindOperations
 from rewindfs.overlay.control.handoff import Handoff
-from rewindfs.overlay.places import (AlreadyMounted, MountFailed, StaleMount, check_workspace,
-                     control_socket_path, ensure_runtime_dir, is_inside, peer_uid,
-                     resolve_store_path)
+from rewindfs.overlay.places import (check_workspace, control_socket_path,
+                                     ensure_runtime_dir, is_inside, peer_uid,
+                                     resolve_store_path)
+from rewindfs.overlay.errors import AlreadyMounted, MountFailed, StaleMount
 
 log = logging.getLogger(__name__)
 
@@ -146,7 +148,7 @@ class DaemonContext:
                 if attempt == 2 or not self.fs.table.shed():
                     # without the flush, dirty pages could cross the turn boundary:
                     # refuse this mark rather than misattribute writes
-                    raise wire.FdExhausted() from None
+                    raise errors.FdExhausted() from None
 
     async def bypass_processes(self) -> list[int]:
         """Pids whose cwd is inside the bare directory under the mount (their writes
@@ -242,7 +244,7 @@ async def _serve_connection(ctx, stream: trio.SocketStream) -> None:
             uid = peer_uid(stream.socket)
             if uid not in (os.getuid(), 0):
                 log.warning("refused control connection from uid %d", uid)
-                await stream.send_all(wire.reply_error(None, wire.Forbidden(uid=uid)))
+                await stream.send_all(wire.reply_error(None, errors.Forbidden(uid=uid)))
                 return
             await _read_requests(ctx, stream)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
@@ -264,7 +266,7 @@ async def _read_requests(ctx, stream) -> None:
                 skipping = False
                 continue
             if len(line) > wire.MAX_LINE:
-                await stream.send_all(wire.reply_error(None, wire.TooLarge()))
+                await stream.send_all(wire.reply_error(None, errors.TooLarge()))
                 continue
             if not line.strip():
                 continue
@@ -273,7 +275,7 @@ async def _read_requests(ctx, stream) -> None:
                 ctx.shutdown.set()
         if lines.pending() > wire.MAX_LINE:
             if not skipping:
-                await stream.send_all(wire.reply_error(None, wire.TooLarge()))
+                await stream.send_all(wire.reply_error(None, errors.TooLarge()))
             skipping = True
             lines.clear()
 
@@ -339,7 +341,7 @@ def _refuse_one(listener: socket.socket) -> None:
     with raw:
         try:
             raw.setblocking(False)
-            raw.send(wire.reply_error(None, wire.FdExhausted()))
+            raw.send(wire.reply_error(None, errors.FdExhausted()))
             raw.shutdown(socket.SHUT_WR)
             # read what the client sent already: closing on unread data resets the
             # connection (the client's next send fails; its read still gets the line)

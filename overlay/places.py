@@ -19,70 +19,11 @@ import struct
 
 import xxhash
 
-from rewindfs.store._errors import EXIT_USAGE, RewindfsError, StoreInsideWorkspace
+from rewindfs.store._errors import StoreInsideWorkspace
 from rewindfs.store._location import is_inside  # noqa: F401  (re-exported for overlay modules)
+from rewindfs.overlay.errors import BadWorkspace, RefusedWorkspace, StaleMount, UnsafeRuntimeDir, UnsafeSocket
 
-__all__ = [
-    "AlreadyMounted", "BadWorkspace", "MountFailed", "NotMounted", "RefusedWorkspace",
-    "StaleMount", "UnsafeRuntimeDir", "UnsafeSocket", "UsageError", "check_socket_owner",
-    "control_socket_path", "default_store_path", "ensure_runtime_dir", "open_log",
-    "resolve_store_path", "check_workspace", "is_inside",
-]
-
-
-class BadWorkspace(RewindfsError):
-    """{path} is not a directory ({reason})."""
-
-    code = "bad-workspace"
-
-
-class RefusedWorkspace(RewindfsError):
-    """Refusing to serve {path}: {reason}."""
-
-    code = "refused-workspace"
-
-
-class AlreadyMounted(RewindfsError):
-    """{path} is already mounted (rewindfs status shows the daemon); unmount it first."""
-
-    code = "already-mounted"
-
-
-class StaleMount(RewindfsError):
-    """{path} is a stale mount left by a dead daemon (transport endpoint not connected); run `rewindfs mount --recover {path}` to detach it and mount again."""
-
-    code = "stale-mount"
-
-
-class NotMounted(RewindfsError):
-    """{path} is not served by a rewindfs daemon."""
-
-    code = "not-mounted"
-
-
-class MountFailed(RewindfsError):
-    """Mounting {path} failed: {reason}."""
-
-    code = "mount-failed"
-
-
-class UnsafeRuntimeDir(RewindfsError):
-    """Refusing the runtime directory {path}: {reason}. Remove it (or set XDG_RUNTIME_DIR to a private directory) and try again."""
-
-    code = "unsafe-runtime-dir"
-
-
-class UnsafeSocket(RewindfsError):
-    """Refusing the control socket {path}: {reason}; nothing was sent."""
-
-    code = "unsafe-socket"
-
-
-class UsageError(RewindfsError):
-    """{message}"""
-
-    code = "usage"
-    exit_code = EXIT_USAGE
+__all__ = ["check_socket_owner", "control_socket_path", "default_store_path", "ensure_runtime_dir", "open_log", "resolve_store_path", "check_workspace", "is_inside"]
 
 
 def _fs(path) -> bytes:

@@ -21,7 +21,7 @@ import time
 import pytest
 
 from mountkit import cli, is_rewindfs_mount
-from rewindfs.overlay.control.wire import DaemonGone
+from rewindfs.overlay.errors import DaemonGone
 from rewind_agent import Agent
 from relkit import Daemon, background, call, crashing_daemon, trials
 from treesnap import compare, snapshot

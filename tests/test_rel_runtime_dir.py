@@ -84,7 +84,8 @@ def _listing(path: str) -> list[str]:
 # -- the /tmp fallback: path logic and the check on a fake base -------------------------
 
 def test_tmp_fallback_path_and_check(base, monkeypatch):
-    from rewindfs.overlay.places import UnsafeRuntimeDir, control_socket_path, ensure_runtime_dir
+    from rewindfs.overlay.places import control_socket_path, ensure_runtime_dir
+    from rewindfs.overlay.errors import UnsafeRuntimeDir
     monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
     sock = control_socket_path(os.path.join(base, "store"), base)
     assert os.path.dirname(sock) == b"/tmp/rewindfs-%d" % os.getuid()

@@ -20,7 +20,7 @@ import sys
 
 from rewindfs.store._errors import RewindfsError
 
-from rewindfs.overlay.places import UsageError
+from rewindfs.overlay.errors import UsageError
 
 __all__ = ["Output", "main"]
 

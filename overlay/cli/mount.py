@@ -21,9 +21,10 @@ from rewindfs.store._errors import RewindfsError
 from rewindfs.overlay import daemon
 from rewindfs.overlay.control import wire
 from rewindfs.overlay.cli.render import human_bytes
-from rewindfs.overlay.places import (AlreadyMounted, MountFailed, NotMounted, UsageError, check_workspace,
-                     control_socket_path, ensure_runtime_dir, is_inside, open_log,
-                     resolve_store_path)
+from rewindfs.overlay.places import (check_workspace, control_socket_path,
+                                     ensure_runtime_dir, is_inside, open_log,
+                                     resolve_store_path)
+from rewindfs.overlay.errors import AlreadyMounted, MountFailed, NotMounted, UsageError
 
 log = logging.getLogger(__name__)
 

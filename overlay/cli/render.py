@@ -13,24 +13,10 @@ import re
 from rich.markup import escape as _markup_escape
 from rich.table import Table
 
-from rewindfs.store._errors import EXIT_USAGE, RewindfsError
 from rewindfs.store._gc import MAX_COUNT, MAX_SECONDS
+from rewindfs.overlay.errors import BadAmount
 
-__all__ = ["Absent", "RewindView", "parse_duration", "parse_size", "render_diff",
-           "render_gc", "render_log"]
-
-
-class Absent(RewindfsError):
-    """{path} did not exist at point {point}."""
-
-    code = "absent"
-
-
-class BadAmount(RewindfsError):
-    """Cannot read {value!r} as {what}."""
-
-    code = "bad-amount"
-    exit_code = EXIT_USAGE
+__all__ = ["RewindView", "parse_duration", "parse_size", "render_diff", "render_gc", "render_log"]
 
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\udc80-\udcff]")

@@ -19,18 +19,15 @@ import socket
 
 from rewindfs.store._errors import PathEscape, RewindfsError
 
+from rewindfs.overlay import errors
 from rewindfs.overlay.cli import render as V
 from rewindfs.overlay.control import wire
 from rewindfs.overlay.cli.mount import find_daemon
-from rewindfs.overlay.places import NotMounted, StaleMount, is_inside, resolve_store_path
+from rewindfs.overlay.places import is_inside, resolve_store_path
+from rewindfs.overlay.errors import NotMounted, StaleMount
+from rewindfs.overlay.errors import NotAWorkspace
 
-__all__ = ["HANDLERS", "NotAWorkspace", "open_workspace", "register"]
-
-
-class NotAWorkspace(RewindfsError):
-    """{path} is not a rewindfs workspace (no history in store {store}); mount it first."""
-
-    code = "not-a-workspace"
+__all__ = ["HANDLERS", "open_workspace", "register"]
 
 
 # -- where a command runs ---------------------------------------------------------------
@@ -209,7 +206,7 @@ def cmd_show(args, out) -> int:
             sink.abort()
             raise
     if not res["exists"]:
-        raise V.Absent(path=args.file, point=args.point)
+        raise errors.Absent(path=args.file, point=args.point)
     sink.finish(res)
     return 0
 
@@ -232,7 +229,7 @@ class _ShowSink:
             self._start(ev.get("point"))
         elif ev.get("type") == "show.chunk":
             if ev.get("offset") != self.n:
-                raise wire.BadReply(reason=f"chunk at offset {ev.get('offset')}, "
+                raise errors.BadReply(reason=f"chunk at offset {ev.get('offset')}, "
                                               f"expected {self.n}")
             self._write(base64.b64decode(ev["data_b64"]))
 
@@ -277,7 +274,7 @@ class _ShowSink:
             self._write(base64.b64decode(res.get("content_b64") or ""))
         elif res.get("size") != self.n:
             self.abort()
-            raise wire.BadReply(reason=f"got {self.n} bytes, announced {res.get('size')}")
+            raise errors.BadReply(reason=f"got {self.n} bytes, announced {res.get('size')}")
         if self.out is None:
             return
         if self.out.json:

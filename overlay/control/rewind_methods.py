@@ -22,7 +22,7 @@ import os
 
 import trio
 
-from rewindfs.store._errors import BadPath, PathEscape, RewindfsError
+from rewindfs.store._errors import BadPath, PathEscape
 from rewindfs.store._gc import policy_problem
 from rewindfs.store._preimage import check_relpath
 
@@ -30,12 +30,13 @@ from rewindfs.overlay.rewind import diff
 from rewindfs.overlay.rewind import engine
 from rewindfs.overlay.tree import syscalls
 from rewindfs.overlay.control.handoff import Handoff
-from rewindfs.overlay.control.wire import BadParams, check_text
+from rewindfs.overlay.control.wire import check_text
+from rewindfs.overlay.errors import BadParams
+from rewindfs.overlay.errors import ContentTooLarge
 
 log = logging.getLogger(__name__)
 
-__all__ = ["METHODS", "SYNC", "call_local", "events_of", "plan_dict", "rewind_lock",
-           "wire_path"]
+__all__ = ["METHODS", "SYNC", "call_local", "events_of", "plan_dict", "rewind_lock", "wire_path"]
 
 _LOCKS: dict[int, trio.Lock] = {}
 _NAME_MAX = 255
@@ -198,12 +199,6 @@ def diff_sync(ctx, params: dict, send) -> dict:
 # invalidates them.  Without ``stream`` (protocol v1 as before) the content comes in
 # the result's ``content_b64``, for files up to ``SHOW_INLINE_MAX`` only.
 SHOW_INLINE_MAX = 512 * 1024
-
-
-class ContentTooLarge(RewindfsError):
-    """{path!r} has {size} bytes; more than 512 KiB is sent only as a stream (pass "stream": true)."""
-
-    code = "content-too-large"
 
 
 def open_show(ctx, params: dict):

@@ -25,16 +25,14 @@ import time
 
 import trio
 
-from rewindfs.store._errors import EXIT_USAGE, RewindfsError, all_error_classes
+from rewindfs.store._errors import RewindfsError, all_error_classes
 
 from rewindfs.overlay.tree.fdbudget import EXHAUSTED
+from rewindfs.overlay.errors import BadJson, BadParams, BadReply, BadVersion, DaemonGone, FdExhausted, ProtocolError, UnknownMethod
 
 log = logging.getLogger(__name__)
 
-__all__ = ["BadJson", "BadParams", "BadReply", "BadVersion", "FdExhausted", "Forbidden",
-           "LineBuffer", "MAX_LINE", "MAX_REPLY_LINE", "TABLE",
-           "TooLarge", "UnknownMethod", "VERSION", "call", "error_from_dict",
-           "parse_request", "opt_str", "req_int", "req_str"]
+__all__ = ["LineBuffer", "MAX_LINE", "MAX_REPLY_LINE", "TABLE", "VERSION", "call", "error_from_dict", "parse_request", "opt_str", "req_int", "req_str"]
 
 VERSION = 1
 MAX_LINE = 1 << 20
@@ -42,68 +40,6 @@ MAX_LINE = 1 << 20
 # ~256 KiB (``show``); a result can still be one long line (a dry run's ``changes`` of a
 # huge tree), so the bound is generous, but it is a bound.
 MAX_REPLY_LINE = 64 << 20
-
-
-class ProtocolError(RewindfsError):
-    """{message}"""
-
-    code = "protocol-error"
-
-
-class BadJson(ProtocolError):
-    """The request is not a JSON object: {reason}."""
-
-    code = "bad-json"
-
-
-class BadVersion(ProtocolError):
-    """Protocol version {got!r} is not supported (this daemon speaks v1)."""
-
-    code = "bad-version"
-
-
-class UnknownMethod(ProtocolError):
-    """Unknown method {method!r}."""
-
-    code = "unknown-method"
-    exit_code = EXIT_USAGE
-
-
-class BadParams(ProtocolError):
-    """Bad parameters for {method}: {reason}."""
-
-    code = "bad-params"
-    exit_code = EXIT_USAGE
-
-
-class TooLarge(ProtocolError):
-    """The request line is longer than 1 MiB."""
-
-    code = "too-large"
-
-
-class Forbidden(ProtocolError):
-    """Peer uid {uid} may not use this daemon (same uid or root only)."""
-
-    code = "forbidden"
-
-
-class FdExhausted(ProtocolError):
-    """The daemon is out of file descriptors (EMFILE); request refused, try again."""
-
-    code = "fd-exhausted"
-
-
-class DaemonGone(ProtocolError):
-    """The daemon closed the connection before answering."""
-
-    code = "daemon-gone"
-
-
-class BadReply(ProtocolError):
-    """Bad reply from the daemon: {reason}."""
-
-    code = "bad-response"
 
 
 class LineBuffer:

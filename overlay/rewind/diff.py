@@ -14,21 +14,14 @@ import errno
 import os
 from dataclasses import dataclass
 
-from rewindfs.store import PreImage, RewindfsError, check_relpath
+from rewindfs.store import PreImage, check_relpath
 
 from rewindfs.overlay.rewind import land as L
 from rewindfs.overlay.capture import snapshot
 from rewindfs.overlay.tree.walk import open_parent
+from rewindfs.overlay.errors import NotAFile
 
-__all__ = ["Change", "Content", "NotAFile", "content_at", "diff_points", "open_content",
-           "state_now", "state_of"]
-
-
-class NotAFile(RewindfsError):
-    """{path!r} is {what} at point {point}; only files and symlinks have content."""
-
-    code = "not-a-file"
-    exit_code = 2
+__all__ = ["Change", "Content", "content_at", "diff_points", "open_content", "state_now", "state_of"]
 
 
 @dataclass(frozen=True)

@@ -65,6 +65,7 @@ from rewindfs.store import INLINE_MAX, NothingToRedo, Plan, RewindfsError, TurnO
 from rewindfs.store._errors import PathEscape
 from rewindfs.store._preimage import check_relpath
 
+from rewindfs.overlay import errors
 from rewindfs.overlay.rewind import land as L
 from rewindfs.overlay.capture import capture, capture_images
 from rewindfs.overlay.tree.fdbudget import dir_cache_size
@@ -545,7 +546,7 @@ def _fence(run: _Run, items) -> None:
         if it.change == "unchanged":
             run.held.add(it.action.path)
         else:
-            run.uncaptured[it.action.path] = L.Busy(path=it.action.path)
+            run.uncaptured[it.action.path] = errors.Busy(path=it.action.path)
 
 
 def _inode_of(dirs: DirCache, path: bytes) -> tuple[int, int] | None:

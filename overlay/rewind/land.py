@@ -32,7 +32,7 @@ import stat
 import time
 
 from rewindfs.store import INLINE_MAX, hash_fd
-from rewindfs.store._errors import RewindfsError
+from rewindfs.overlay.errors import KindChanged, NotEmpty
 
 log = logging.getLogger(__name__)
 
@@ -41,27 +41,6 @@ _OPEN_META = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_N
 # Namespaces a restore manages: extra names there are removed to match the target.
 # security.*/system.* belong to the system (SELinux labels, ACL mirrors) and stay.
 _MANAGED_XATTR = (b"user.", b"trusted.")
-
-
-class NotEmpty(RewindfsError):
-    """{path!r} must go but holds entries that were never observed; left as it is."""
-
-    code = "not-empty"
-    exit_code = 1
-
-
-class Busy(RewindfsError):
-    """{path!r} is open for writing through the mount; left as it is (close it and rewind again)."""
-
-    code = "busy"
-    exit_code = 1
-
-
-class KindChanged(RewindfsError):
-    """{path!r} changed kind while it was being restored; left as it is."""
-
-    code = "raced"
-    exit_code = 1
 
 
 # -- fault injection (tests only) --------------------------------------------------

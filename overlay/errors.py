@@ -1,0 +1,203 @@
+"""Every overlay error class, in one place.
+
+The root and its contract live in the store's error module (``rewindfs.store._errors``):
+each class has a ``code`` (kebab-case, sent on the control socket and matched by
+scripts), an ``exit_code`` (the CLI's: 1 partial, 2 could not run, 3 usage), an
+``errno`` (what a FUSE handler answers) and a docstring whose first line is the message
+template.  Errors become errnos only at the FUSE boundary (``fs/ops.py``) and exit codes
+only in the CLI's ``main()`` (``cli/__init__.py``).  docs/errors.md lists them all; a
+test fails when it and these classes disagree.
+"""
+
+from __future__ import annotations
+
+from rewindfs.store._errors import EXIT_COULD_NOT_RUN, EXIT_PARTIAL, EXIT_USAGE, RewindfsError
+
+
+# -- workspaces, mounts and the runtime directory -----------------------------
+
+
+class BadWorkspace(RewindfsError):
+    """{path} is not a directory ({reason})."""
+
+    code = "bad-workspace"
+
+
+class RefusedWorkspace(RewindfsError):
+    """Refusing to serve {path}: {reason}."""
+
+    code = "refused-workspace"
+
+
+class AlreadyMounted(RewindfsError):
+    """{path} is already mounted (rewindfs status shows the daemon); unmount it first."""
+
+    code = "already-mounted"
+
+
+class StaleMount(RewindfsError):
+    """{path} is a stale mount left by a dead daemon (transport endpoint not connected); run `rewindfs mount --recover {path}` to detach it and mount again."""
+
+    code = "stale-mount"
+
+
+class NotMounted(RewindfsError):
+    """{path} is not served by a rewindfs daemon."""
+
+    code = "not-mounted"
+
+
+class MountFailed(RewindfsError):
+    """Mounting {path} failed: {reason}."""
+
+    code = "mount-failed"
+
+
+class UnsafeRuntimeDir(RewindfsError):
+    """Refusing the runtime directory {path}: {reason}. Remove it (or set XDG_RUNTIME_DIR to a private directory) and try again."""
+
+    code = "unsafe-runtime-dir"
+
+
+class UnsafeSocket(RewindfsError):
+    """Refusing the control socket {path}: {reason}; nothing was sent."""
+
+    code = "unsafe-socket"
+
+
+class UsageError(RewindfsError):
+    """{message}"""
+
+    code = "usage"
+    exit_code = EXIT_USAGE
+
+
+# -- the control protocol -----------------------------------------------------
+
+
+class ProtocolError(RewindfsError):
+    """{message}"""
+
+    code = "protocol-error"
+
+
+class BadJson(ProtocolError):
+    """The request is not a JSON object: {reason}."""
+
+    code = "bad-json"
+
+
+class BadVersion(ProtocolError):
+    """Protocol version {got!r} is not supported (this daemon speaks v1)."""
+
+    code = "bad-version"
+
+
+class UnknownMethod(ProtocolError):
+    """Unknown method {method!r}."""
+
+    code = "unknown-method"
+    exit_code = EXIT_USAGE
+
+
+class BadParams(ProtocolError):
+    """Bad parameters for {method}: {reason}."""
+
+    code = "bad-params"
+    exit_code = EXIT_USAGE
+
+
+class TooLarge(ProtocolError):
+    """The request line is longer than 1 MiB."""
+
+    code = "too-large"
+
+
+class Forbidden(ProtocolError):
+    """Peer uid {uid} may not use this daemon (same uid or root only)."""
+
+    code = "forbidden"
+
+
+class FdExhausted(ProtocolError):
+    """The daemon is out of file descriptors (EMFILE); request refused, try again."""
+
+    code = "fd-exhausted"
+
+
+class DaemonGone(ProtocolError):
+    """The daemon closed the connection before answering."""
+
+    code = "daemon-gone"
+
+
+class BadReply(ProtocolError):
+    """Bad reply from the daemon: {reason}."""
+
+    code = "bad-response"
+
+
+# -- the control protocol: rewind methods -------------------------------------
+
+
+class ContentTooLarge(RewindfsError):
+    """{path!r} has {size} bytes; more than 512 KiB is sent only as a stream (pass "stream": true)."""
+
+    code = "content-too-large"
+
+
+# -- the restore engine -------------------------------------------------------
+
+
+class NotEmpty(RewindfsError):
+    """{path!r} must go but holds entries that were never observed; left as it is."""
+
+    code = "not-empty"
+    exit_code = EXIT_PARTIAL
+
+
+class Busy(RewindfsError):
+    """{path!r} is open for writing through the mount; left as it is (close it and rewind again)."""
+
+    code = "busy"
+    exit_code = EXIT_PARTIAL
+
+
+class KindChanged(RewindfsError):
+    """{path!r} changed kind while it was being restored; left as it is."""
+
+    code = "raced"
+    exit_code = EXIT_PARTIAL
+
+
+# -- diff and show ------------------------------------------------------------
+
+
+class NotAFile(RewindfsError):
+    """{path!r} is {what} at point {point}; only files and symlinks have content."""
+
+    code = "not-a-file"
+    exit_code = EXIT_COULD_NOT_RUN
+
+
+# -- the CLI ------------------------------------------------------------------
+
+
+class NotAWorkspace(RewindfsError):
+    """{path} is not a rewindfs workspace (no history in store {store}); mount it first."""
+
+    code = "not-a-workspace"
+
+
+class Absent(RewindfsError):
+    """{path} did not exist at point {point}."""
+
+    code = "absent"
+
+
+class BadAmount(RewindfsError):
+    """Cannot read {value!r} as {what}."""
+
+    code = "bad-amount"
+    exit_code = EXIT_USAGE
+
