@@ -34,7 +34,7 @@ from rewindfs.store._preimage import PreImage
 
 from rewindfs.overlay.tree.fdbudget import share
 from rewindfs.overlay.tree.walk import open_dir, open_parent, parent_of
-from rewindfs.overlay.rewind.land import TMP_PREFIX
+from rewindfs.overlay.tree.meta import TMP_PREFIX
 
 _TMP_NAME = os.fsdecode(TMP_PREFIX)
 

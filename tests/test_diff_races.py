@@ -14,7 +14,7 @@ from rewindfs.overlay.rewind import diff
 
 def _state_now_with(tmp_path, monkeypatch, file_key):
     """``state_now`` of ``tmp_path/f`` with ``file_key`` standing in for the hash."""
-    monkeypatch.setattr(diff.L, "file_key", file_key)
+    monkeypatch.setattr(diff.meta, "file_key", file_key)
     fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
     try:
         return diff.state_now(fd, None, b"f")
@@ -24,7 +24,7 @@ def _state_now_with(tmp_path, monkeypatch, file_key):
 
 def test_file_renamed_away_while_hashing_is_looked_at_again(tmp_path, monkeypatch):
     (tmp_path / "f").write_bytes(b"old")
-    real_key, calls = diff.L.file_key, []
+    real_key, calls = diff.meta.file_key, []
 
     def racing_key(dir_fd, name):
         calls.append(name)

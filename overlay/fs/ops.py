@@ -67,7 +67,7 @@ from rewindfs.overlay.tree.ignore import IGNORE_FILE, IgnoreRules
 from rewindfs.overlay.fs.inodes import InodeTable, child
 from rewindfs.overlay.fs.notify import Notifier
 from rewindfs.overlay.tree.walk import open_parent, split
-from rewindfs.overlay.rewind.land import TMP_PREFIX
+from rewindfs.overlay.tree.meta import TMP_PREFIX
 from rewindfs.overlay.rewind.links import InodeIndex
 
 log = logging.getLogger(__name__)

@@ -44,7 +44,7 @@ import stat
 from rewindfs.store import INLINE_MAX
 from rewindfs.store._errors import RewindfsError
 
-from rewindfs.overlay.rewind import land as L
+from rewindfs.overlay.tree import meta
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +60,7 @@ class Adopter:
 
     def put(self, relpath: bytes, dir_fd: int, name: bytes, fd: int) -> tuple[bytes, int]:
         st = os.fstat(fd)
-        hint = L.key_hint(st)
+        hint = meta.key_hint(st)
         if not self._eligible(relpath, st):
             return self.store.put_fd(fd, hint)
         if hint is not None:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from rewindfs.store import PreImage, check_relpath
 
-from rewindfs.overlay.rewind import land as L
+from rewindfs.overlay.tree import meta
 from rewindfs.overlay.capture import snapshot
 from rewindfs.overlay.tree.walk import open_parent
 from rewindfs.overlay.errors import NotAFile
@@ -49,7 +49,7 @@ def state_now(root_fd: int, store, path: bytes) -> PreImage:
         try:
             dir_fd, name = open_parent(root_fd, path)
             try:
-                return dataclasses.replace(img, blob=L.file_key(dir_fd, name))
+                return dataclasses.replace(img, blob=meta.file_key(dir_fd, name))
             finally:
                 os.close(dir_fd)
         except OSError as exc:   # gone, or its parent or itself swapped for a symlink

@@ -67,6 +67,7 @@ from rewindfs.store._preimage import check_relpath
 
 from rewindfs.overlay import errors
 from rewindfs.overlay.rewind import land as L
+from rewindfs.overlay.tree import meta
 from rewindfs.overlay.capture import capture, capture_images
 from rewindfs.overlay.tree.fdbudget import dir_cache_size
 from rewindfs.overlay.tree.ignore import IgnoreRules
@@ -153,14 +154,14 @@ class _Groups:
 def _assess(dir_fd: int, name: bytes, action, groups: _Groups, store) -> str:
     """How ``action`` would change the entry now: one of CHANGES (never "ignored").
     ``store`` lets a large file that visibly differs from its target skip the hash."""
-    st = L.lstat_at(dir_fd, name)
-    cur, img = L.kind_of(st), action.image
+    st = meta.lstat_at(dir_fd, name)
+    cur, img = meta.kind_of(st), action.image
     if action.op == "delete":
         return "unchanged" if st is None else "deleted"
     if action.op == "meta":
         if cur != "dir":
             return "unchanged"      # the mkdir failed and was reported already
-        return "unchanged" if L.meta_equal(img, st, L.xattrs_at(dir_fd, name)) else "meta"
+        return "unchanged" if meta.meta_equal(img, st, meta.xattrs_at(dir_fd, name)) else "meta"
     if cur == "absent":
         return "created"
     if cur != img.kind:
@@ -171,7 +172,7 @@ def _assess(dir_fd: int, name: bytes, action, groups: _Groups, store) -> str:
         return "written"
     if img.kind == "symlink" and os.readlink(name, dir_fd=dir_fd) != img.target:
         return "written"
-    return "unchanged" if L.meta_equal(img, st, L.xattrs_at(dir_fd, name)) else "meta"
+    return "unchanged" if meta.meta_equal(img, st, meta.xattrs_at(dir_fd, name)) else "meta"
 
 
 def _same_file(dir_fd, name, st, img, groups: _Groups, store) -> bool:
@@ -183,16 +184,16 @@ def _same_file(dir_fd, name, st, img, groups: _Groups, store) -> bool:
         return False
     # a 1 GiB file changed at its start: a sample says so without a full read (only
     # blob files, the contents above the inline limit, are sampled)
-    if st.st_size > INLINE_MAX and L.differs_from_blob(dir_fd, name, img.blob, store):
+    if st.st_size > INLINE_MAX and meta.differs_from_blob(dir_fd, name, img.blob, store):
         return False
-    return L.file_key(dir_fd, name) == img.blob
+    return meta.file_key(dir_fd, name) == img.blob
 
 
 def _note_group(dir_fd, name, path, img, groups: _Groups, *, inode_known: bool) -> None:
     """Remember the first name of a hard-link group; later names link to it."""
     if img.kind != "file" or img.link_group is None or img.link_group in groups.first:
         return
-    st = L.lstat_at(dir_fd, name) if inode_known else None
+    st = meta.lstat_at(dir_fd, name) if inode_known else None
     groups.first[img.link_group] = (path, st.st_ino if st is not None else None)
 
 
@@ -224,12 +225,12 @@ def plan_rewind(root_fd: int, store, ws: int, to, *, paths=None,
 def _without_temps(plan: Plan) -> Plan:
     """``plan`` without the restore temp names (``.rewindfs~…``) an older version could
     capture: they are never restored, deleted or counted."""
-    if not any(L.is_temp_path(p) for p in plan.paths):
+    if not any(meta.is_temp_path(p) for p in plan.paths):
         return plan
     return dataclasses.replace(
-        plan, actions=[a for a in plan.actions if not L.is_temp_path(a.path)],
-        paths={p for p in plan.paths if not L.is_temp_path(p)},
-        damaged={p: r for p, r in plan.damaged.items() if not L.is_temp_path(p)})
+        plan, actions=[a for a in plan.actions if not meta.is_temp_path(a.path)],
+        paths={p for p in plan.paths if not meta.is_temp_path(p)},
+        damaged={p: r for p, r in plan.damaged.items() if not meta.is_temp_path(p)})
 
 
 def _classify(dirs: DirCache, action, rules, groups, store) -> str:
@@ -334,8 +335,8 @@ def _twins(run: _Run, path: bytes) -> list[bytes]:
         dir_fd, name = run.dirs.parent(path)
     except (OSError, RewindfsError):
         return []
-    st = L.lstat_at(dir_fd, name)
-    if st is None or L.kind_of(st) != "file" or st.st_nlink < 2:
+    st = meta.lstat_at(dir_fd, name)
+    if st is None or meta.kind_of(st) != "file" or st.st_nlink < 2:
         return []
     return [p for p in run.inodes.names(st.st_dev, st.st_ino) if p != path]
 
@@ -359,9 +360,9 @@ def _adopt_group(run: _Run, img) -> None:
             dir_fd, name = run.dirs.parent(other)
         except (OSError, RewindfsError):
             continue
-        st = L.lstat_at(dir_fd, name)
-        if (st is not None and (st.st_dev, st.st_ino) == key and L.kind_of(st) == "file"
-                and st.st_size == img.size and L.file_key(dir_fd, name) == img.blob):
+        st = meta.lstat_at(dir_fd, name)
+        if (st is not None and (st.st_dev, st.st_ino) == key and meta.kind_of(st) == "file"
+                and st.st_size == img.size and meta.file_key(dir_fd, name) == img.blob):
             run.groups.first[img.link_group] = (other, st.st_ino)
             return
 
@@ -422,8 +423,8 @@ def _below_replaced_symlink(run: _Run, relpath: bytes) -> bool:
             dir_fd, name = run.dirs.parent(ancestor)
         except (OSError, RewindfsError):
             return False
-        st = L.lstat_at(dir_fd, name)
-        if st is not None and L.kind_of(st) == "symlink":
+        st = meta.lstat_at(dir_fd, name)
+        if st is not None and meta.kind_of(st) == "symlink":
             target = run.targets.get(ancestor)
             return target is not None and target.kind == "dir"
     return False
@@ -553,7 +554,7 @@ def _inode_of(dirs: DirCache, path: bytes) -> tuple[int, int] | None:
     """(dev, ino) that ``path`` names now, or None (absent, unreachable)."""
     try:
         dir_fd, name = dirs.parent(path) if path else (dirs.root_fd, None)
-        st = os.fstat(dir_fd) if name is None else L.lstat_at(dir_fd, name)
+        st = os.fstat(dir_fd) if name is None else meta.lstat_at(dir_fd, name)
     except (OSError, RewindfsError):
         return None
     finally:
@@ -700,12 +701,12 @@ def _seen_change(run: _Run, action) -> str | None:
 
 
 def _image_meta_equal(img, cur) -> bool:
-    """``L.meta_equal`` on a captured image instead of a stat."""
+    """``meta.meta_equal`` on a captured image instead of a stat."""
     if cur.mode != img.mode or cur.mtime_ns != img.mtime_ns:
         return False
-    if L.can_chown() and (cur.uid, cur.gid) != (img.uid, img.gid):
+    if meta.can_chown() and (cur.uid, cur.gid) != (img.uid, img.gid):
         return False
-    return L.xattrs_match(img, dict(cur.xattrs))
+    return meta.xattrs_match(img, dict(cur.xattrs))
 
 
 def _borrowed(dirs: DirCache):
@@ -760,8 +761,8 @@ def _land_file(run: _Run, dir_fd: int, name: bytes, action, change: str) -> None
         L.land_link(dir_fd, name, src_fd, src_name, run.epoch, path)
         # The inode's metadata is shared; a name adopted from outside the plan may
         # carry metadata from after the point.
-        st = L.lstat_at(dir_fd, name)
-        if not L.meta_equal(img, st, L.xattrs_at(dir_fd, name)):
+        st = meta.lstat_at(dir_fd, name)
+        if not meta.meta_equal(img, st, meta.xattrs_at(dir_fd, name)):
             L.set_meta_at(dir_fd, name, img, path)
     else:
         L.land_file(dir_fd, name, img, run.store, run.epoch, path)

@@ -44,7 +44,7 @@ import logging
 import os
 import stat
 
-from rewindfs.overlay.rewind import land as L
+from rewindfs.overlay.tree import meta
 
 log = logging.getLogger(__name__)
 
@@ -143,7 +143,7 @@ class InodeIndex:
         for entry in os.scandir(dir_fd):
             name = os.fsencode(entry.name)
             rel = base + b"/" + name if base else name
-            if name.startswith(L.TMP_PREFIX):
+            if name.startswith(meta.TMP_PREFIX):
                 continue
             is_dir = entry.is_dir(follow_symlinks=False)
             if self.rules.ignored(rel, is_dir):
