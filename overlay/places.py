@@ -1,11 +1,9 @@
 """Where things live: the store, the control socket, and which workspaces we accept.
 
-``control_socket_path`` is part of the protocol (the plugin re-implements it and both
-sides are tested against the same vectors), so it is a pure function of the store's
-real path and the workspace's real path and nothing else but the uid and
-``$XDG_RUNTIME_DIR``.
-
-The overlay's own errors live here too; they hang off the project's one error root.
+``control_socket_path``, ``default_store_path`` and ``find_socket`` are the plugin's
+(``rewindfs.plugin._paths``, their one Python home: the plugin may not import the
+overlay, so the overlay imports the plugin's); they are re-exported here so overlay
+modules find every "where" in one place.
 """
 
 from __future__ import annotations
@@ -17,42 +15,22 @@ import socket
 import stat
 import struct
 
-import xxhash
-
+from rewindfs.plugin._paths import control_socket_path, default_store_path, find_socket
 from rewindfs.store._errors import StoreInsideWorkspace
 from rewindfs.store._location import is_inside  # noqa: F401  (re-exported for overlay modules)
 from rewindfs.overlay.errors import BadWorkspace, RefusedWorkspace, StaleMount, UnsafeRuntimeDir, UnsafeSocket
 
-__all__ = ["check_socket_owner", "control_socket_path", "default_store_path", "ensure_runtime_dir", "open_log", "resolve_store_path", "check_workspace", "is_inside"]
+__all__ = ["check_socket_owner", "control_socket_path", "default_store_path", "find_socket", "ensure_runtime_dir", "open_log", "resolve_store_path", "check_workspace", "is_inside"]
 
 
 def _fs(path) -> bytes:
     return os.fsencode(path)
 
 
-def default_store_path() -> pathlib.Path:
-    """``$REWINDFS_HOME``, else ``$XDG_DATA_HOME/rewindfs``, else ``~/.local/share/rewindfs``."""
-    from rewindfs.store import default_store_path as store_default
-    return store_default()
-
-
 def resolve_store_path(arg=None) -> pathlib.Path:
     """The store path a command uses: the explicit argument, else the default, made absolute."""
     path = pathlib.Path(os.fsdecode(arg)) if arg else default_store_path()
     return pathlib.Path(os.path.abspath(path))
-
-
-def control_socket_path(store_path, ws_real_path) -> bytes:
-    """``${XDG_RUNTIME_DIR:-/tmp}/rewindfs-<uid>/<xxh3_64(store_real + NUL + ws_real)>.sock``.
-
-    Both paths are made real (``os.path.realpath``) first; the digest is lowercase hex
-    of xxh3-64 with seed 0 (16 characters), short enough for ``sun_path``.
-    """
-    store_real = os.path.realpath(_fs(store_path))
-    ws_real = os.path.realpath(_fs(ws_real_path))
-    digest = xxhash.xxh3_64_hexdigest(store_real + b"\0" + ws_real).encode()
-    base = _fs(os.environ.get("XDG_RUNTIME_DIR") or "/tmp")
-    return base + b"/rewindfs-%d/" % os.getuid() + digest + b".sock"
 
 
 def ensure_runtime_dir(path) -> bytes:

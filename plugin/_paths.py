@@ -1,13 +1,24 @@
-"""Finding the control socket of the daemon that serves a directory.
+"""Where things live, for every Python side: the default store, the control socket,
+and finding the daemon that serves a directory.
 
-The socket path is a pure function of the store's real path and the workspace's
-real path (``docs/architecture.md``, "Control socket")::
+This is the one Python home of these three rules.  The daemon and the CLI
+(``overlay/``) import them from here; the plugin may import nothing from ``overlay`` or
+``store``, so the home has to be on the plugin's side, and this module imports only the
+standard library (``store/`` is handed its path and has no default of its own).  The
+JavaScript plugin carries the one other copy (``plugin/dsh/lib/paths.js``); both are
+tested against ``tests/e2e/socket_path_vectors.json``.
 
-    ${XDG_RUNTIME_DIR:-/tmp}/rewindfs-<uid>/<xxh3_64(store_real + NUL + ws_real) hex>.sock
+The socket path is a pure function of the store's real path and the workspace's real
+path (``docs/architecture.md``, "Control socket")::
 
-The daemon computes it in ``overlay/_paths.py``; this module re-implements it so the
-plugin needs no import from ``overlay`` or ``store`` (the JavaScript plugin carries a
-third copy).  All three are tested against ``tests/e2e/socket_path_vectors.json``.
+    ${XDG_RUNTIME_DIR:-/tmp}/rewindfs-<uid>/<sha256(store_real + NUL + ws_real), first 16 hex>.sock
+
+SHA-256 because every runtime has it built in (``hashlib``, ``node:crypto``); cut to 16
+hex digits (64 bits) so the name is exactly as long as the xxh3-64 one it replaced: a
+``sun_path`` holds 107 bytes, and an ``XDG_RUNTIME_DIR`` (or a test's temporary
+directory) that fitted before still fits.  64 bits only have to keep one user's own
+workspaces apart (by accident; nobody else can name a socket in the 0700 runtime
+directory), and the NUL keeps ``("/a/b", "/c")`` apart from ``("/a", "/b/c")``.
 
 A client finds the daemon from any directory inside a workspace by walking up from
 that directory and computing the path for each ancestor; the first socket that exists
@@ -16,12 +27,14 @@ wins.  That costs one ``stat`` per ancestor and needs no configuration.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import pathlib
 
-import xxhash  # a declared project dependency; stdlib has no xxh3
+__all__ = ["DIGEST_HEX", "control_socket_path", "default_store_path", "find_socket",
+           "socket_path_for"]
 
-__all__ = ["control_socket_path", "default_store_path", "find_socket", "socket_path_for"]
+DIGEST_HEX = 16  # hex digits of the SHA-256 kept in the socket name (see above)
 
 
 def default_store_path() -> pathlib.Path:
@@ -36,7 +49,7 @@ def default_store_path() -> pathlib.Path:
 
 def socket_path_for(store_real: bytes, ws_real: bytes, uid: int, runtime_dir: bytes | None) -> bytes:
     """The pure core: no file system access, no environment (what the vectors pin)."""
-    digest = xxhash.xxh3_64_hexdigest(store_real + b"\0" + ws_real).encode()
+    digest = hashlib.sha256(store_real + b"\0" + ws_real).hexdigest()[:DIGEST_HEX].encode()
     base = runtime_dir or b"/tmp"
     return base + b"/rewindfs-%d/" % uid + digest + b".sock"
 

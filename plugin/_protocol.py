@@ -21,7 +21,9 @@ from ._errors import BadResponse, RewindfsClientError
 
 __all__ = ["MAX_LINE", "Conversation", "LineBuffer", "Reply", "ShowAssembler"]
 
-MAX_LINE = 1 << 20  # the daemon refuses longer lines ("too-large"); so do we
+# The longest line either end accepts: the daemon refuses a longer request
+# ("too-large"), a client a longer reply; the daemon imports it from here.
+MAX_LINE = 1 << 20
 
 
 class Reply:
@@ -42,14 +44,17 @@ class Reply:
 
 
 class LineBuffer:
-    """Newline framing in linear time (the daemon side has the same in
-    ``overlay/_protocol.py``; ``plugin`` imports nothing from ``overlay``): each byte is
-    searched for ``b"\n"`` once, a line is copied out once.  ``searched`` counts the
-    bytes searched; ``pending()`` is the partial line held."""
+    """Newline framing in linear time, for both ends of the socket (the daemon imports
+    it from here; ``plugin`` imports nothing from ``overlay``): bytes in (``feed``),
+    complete lines out (``next_line``).  Each byte is searched for ``b"\n"`` once — the
+    search resumes where the last one stopped — and a line is copied out once (``del``
+    of a ``bytearray``'s head is cheap), so N bytes cost O(N) however they are split.
+    ``searched`` counts the bytes searched (the tests' measure); ``pending()`` is the
+    size of the partial line held, for the caller's limit."""
 
     def __init__(self):
         self._buf = bytearray()
-        self._seen = 0
+        self._seen = 0          # bytes of _buf known to hold no newline
         self.searched = 0
 
     def feed(self, data) -> None:
@@ -57,6 +62,10 @@ class LineBuffer:
 
     def pending(self) -> int:
         return len(self._buf)
+
+    def clear(self) -> None:
+        self._buf.clear()
+        self._seen = 0
 
     def next_line(self) -> bytes | None:
         nl = self._buf.find(b"\n", self._seen)

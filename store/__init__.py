@@ -12,7 +12,6 @@ from ._errors import (
 )
 from ._gc import GcReport
 from ._journal import EpochClosed
-from ._location import default_store_path
 from ._plan import Action, Plan
 from ._preimage import PreImage, check_relpath
 from ._session import AmbiguousPoint, BadSession, SessionConflict
@@ -24,5 +23,5 @@ __all__ = [
     "IndexCorrupt", "NothingToRedo", "PathEscape", "Plan", "PreImage", "Problem",
     "RewindfsError", "SchemaTooNew", "SessionConflict", "Store", "StoreError", "StoreFull",
     "StoreInsideWorkspace", "TurnOpen", "UnknownPoint",
-    "check_relpath", "default_store_path", "hash_fd",
+    "check_relpath", "hash_fd",
 ]

@@ -1,21 +1,15 @@
-"""Where the store lives, and the rule that it never lies inside a workspace it serves."""
+"""The rule that a store never lies inside a workspace it serves.
+
+Where the store lives by default is not the store's business: it opens the path it is
+given.  The default (``$REWINDFS_HOME``, …) has its one Python home in
+``rewindfs.plugin._paths``, which the plugin needs without importing ``store``.
+"""
 
 from __future__ import annotations
 
 import os
-import pathlib
 
 from ._errors import StoreInsideWorkspace
-
-
-def default_store_path() -> pathlib.Path:
-    """``$REWINDFS_HOME``, else ``$XDG_DATA_HOME/rewindfs``, else
-    ``~/.local/share/rewindfs`` (empty variables count as unset)."""
-    if home := os.environ.get("REWINDFS_HOME"):
-        return pathlib.Path(home)
-    if data := os.environ.get("XDG_DATA_HOME"):
-        return pathlib.Path(data) / "rewindfs"
-    return pathlib.Path.home() / ".local" / "share" / "rewindfs"
 
 
 def is_inside(path: bytes, root: bytes) -> bool:

@@ -28,7 +28,7 @@ from . import _epoch, _intent, _journal, _plan, _point, _session, _txn
 from . import _schema as S
 from ._blob import BlobArea
 from ._errors import StoreError
-from ._location import check_outside, default_store_path, is_inside
+from ._location import check_outside, is_inside
 from ._preimage import PreImage, check_relpath
 
 log = logging.getLogger(__name__)
@@ -50,10 +50,11 @@ class Store:
 
     # -- lifecycle ------------------------------------------------------------------
     @classmethod
-    def open(cls, path=None, *, create: bool = True, sync: bool = False) -> Store:
-        """Open (and with ``create`` make) the store at ``path`` (default:
-        ``default_store_path()``).  ``SchemaTooNew`` for a store from a newer rewindfs."""
-        path = pathlib.Path(path if path is not None else default_store_path()).absolute()
+    def open(cls, path, *, create: bool = True, sync: bool = False) -> Store:
+        """Open (and with ``create`` make) the store at ``path`` (the callers resolve the
+        default, ``rewindfs.plugin._paths.default_store_path``).  ``SchemaTooNew`` for a
+        store from a newer rewindfs."""
+        path = pathlib.Path(path).absolute()
         with _txn.translate():
             if not (path / "index").is_dir():
                 if not create:

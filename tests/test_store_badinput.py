@@ -8,7 +8,7 @@ import pytest
 
 from rewindfs.store import (
     BadPath, BadPoint, BadSession, EpochClosed, PreImage, SchemaTooNew, Store,
-    StoreInsideWorkspace, UnknownPoint, check_relpath, default_store_path,
+    StoreInsideWorkspace, UnknownPoint, check_relpath,
 )
 from rewindfs.store import _schema as S
 from store_fixtures import store, store_path, ws  # noqa: F401  (fixtures)
@@ -173,6 +173,8 @@ def test_store_inside_workspace_through_a_symlink(tmp_path):
 
 
 def test_default_store_path(monkeypatch, tmp_path):
+    # its one Python home is the plugin's (the store opens the path it is given)
+    from rewindfs.plugin._paths import default_store_path
     monkeypatch.setenv("REWINDFS_HOME", str(tmp_path / "h"))
     assert default_store_path() == tmp_path / "h"
     monkeypatch.delenv("REWINDFS_HOME")

@@ -21,7 +21,7 @@ from rewindfs.store._errors import RewindfsError
 from rewindfs.overlay import daemon
 from rewindfs.overlay.control import wire
 from rewindfs.overlay.cli.render import human_bytes
-from rewindfs.overlay.places import (check_workspace, control_socket_path,
+from rewindfs.overlay.places import (check_workspace, control_socket_path, find_socket,
                                      ensure_runtime_dir, is_inside, open_log,
                                      resolve_store_path)
 from rewindfs.overlay.errors import AlreadyMounted, MountFailed, NotMounted, UsageError
@@ -36,15 +36,14 @@ _UNMOUNT_WAIT_S = 30.0
 # -- helpers shared with other CLI modules ----------------------------------------------
 
 def find_daemon(start, store_path) -> tuple[bytes, bytes]:
-    """``(workspace real path, socket path)`` of the daemon serving *start* or a parent."""
-    path = os.path.realpath(os.fsencode(start))
-    while True:
-        sock = control_socket_path(store_path, path)
-        if os.path.exists(sock):
-            return path, sock
-        if path == b"/":
-            raise NotMounted(path=os.fsdecode(os.path.realpath(os.fsencode(start))))
-        path = os.path.dirname(path)
+    """``(workspace real path, socket path)`` of the daemon serving *start* or a parent
+    (the walk up is the plugin's ``find_socket``, its one Python home); ``NotMounted``
+    if no ancestor up to ``/`` has a socket."""
+    found = find_socket(start, store_path)
+    if found is None:
+        raise NotMounted(path=os.fsdecode(os.path.realpath(os.fsencode(start))))
+    sock, path = found
+    return path, sock
 
 
 def call_daemon(args, method: str, params=None, *, on_event=None) -> dict:

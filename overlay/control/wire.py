@@ -25,6 +25,7 @@ import time
 
 import trio
 
+from rewindfs.plugin._protocol import MAX_LINE, LineBuffer  # their one Python home
 from rewindfs.store._errors import RewindfsError, all_error_classes
 
 from rewindfs.overlay.tree.fdbudget import EXHAUSTED
@@ -35,47 +36,12 @@ log = logging.getLogger(__name__)
 __all__ = ["LineBuffer", "MAX_LINE", "MAX_REPLY_LINE", "TABLE", "VERSION", "call", "error_from_dict", "parse_request", "opt_str", "req_int", "req_str"]
 
 VERSION = 1
-MAX_LINE = 1 << 20
 # The blocking client's bound on one reply line.  File content is streamed in lines of
 # ~256 KiB (``show``); a result can still be one long line (a dry run's ``changes`` of a
 # huge tree), so the bound is generous, but it is a bound.
 MAX_REPLY_LINE = 64 << 20
 
 
-class LineBuffer:
-    """Newline framing in linear time: bytes in (``feed``), complete lines out
-    (``next_line``).  Each byte is searched for ``b"\n"`` once — the search resumes
-    where the last one stopped — and a line is copied out once (``del`` of a
-    ``bytearray``'s head is cheap), so N bytes cost O(N) however they are split.
-    ``searched`` counts the bytes searched (the tests' measure); ``pending()`` is the
-    size of the partial line held, for the caller's limit."""
-
-    def __init__(self):
-        self._buf = bytearray()
-        self._seen = 0          # bytes of _buf known to hold no newline
-        self.searched = 0
-
-    def feed(self, data) -> None:
-        self._buf += data
-
-    def pending(self) -> int:
-        return len(self._buf)
-
-    def clear(self) -> None:
-        self._buf.clear()
-        self._seen = 0
-
-    def next_line(self) -> bytes | None:
-        nl = self._buf.find(b"\n", self._seen)
-        if nl < 0:
-            self.searched += len(self._buf) - self._seen
-            self._seen = len(self._buf)
-            return None
-        self.searched += nl + 1 - self._seen
-        line = bytes(self._buf[:nl])
-        del self._buf[:nl + 1]
-        self._seen = 0
-        return line
 
 
 def parse_request(line: bytes) -> tuple[object, str, dict]:

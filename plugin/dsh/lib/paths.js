@@ -1,21 +1,27 @@
 /**
- * Where the control socket of the daemon serving a directory lives.
+ * Where things live, for the JS plugin: the default store, the control socket of
+ * the daemon serving a directory, and finding it by walking up. The one JS home of
+ * these rules (the Python one is plugin/_paths.py, which the daemon imports too);
+ * both are tested against tests/e2e/socket_path_vectors.json.
  *
- * A pure function of the store's real path and the workspace's real path
- * (docs/architecture.md, "Control socket"):
+ * The socket path is a pure function of the store's real path and the workspace's
+ * real path (docs/architecture.md, "Control socket"):
  *
- *   ${XDG_RUNTIME_DIR:-/tmp}/rewindfs-<uid>/<xxh3_64(store_real + NUL + ws_real) hex>.sock
+ *   ${XDG_RUNTIME_DIR:-/tmp}/rewindfs-<uid>/<sha256(store_real + NUL + ws_real), first 16 hex>.sock
  *
- * The daemon computes it in overlay/_paths.py and the Python client in
- * plugin/_paths.py; all three are tested against tests/e2e/socket_path_vectors.json.
- * Finding the daemon walks up from a directory, computing the path for each
- * ancestor: the first socket that exists wins, so no configuration is needed.
+ * SHA-256 from node:crypto, cut to 16 hex digits so the name keeps its old length
+ * and still fits sun_path (reasons in plugin/_paths.py). Finding the daemon walks up
+ * from a directory, computing the path for each ancestor: the first socket that
+ * exists wins, so no configuration is needed.
  * @module rewindfs-dsh/paths
  */
+import { createHash } from 'node:crypto';
 import { existsSync, realpathSync } from 'node:fs';
 import { homedir } from 'node:os';
 import { basename, dirname, join, resolve } from 'node:path';
-import { xxh3_64_hex } from './xxh3.js';
+
+/** Hex digits of the SHA-256 kept in the socket name (plugin/_paths.py DIGEST_HEX). */
+const DIGEST_HEX = 16;
 
 /**
  * The default store: $REWINDFS_HOME, else $XDG_DATA_HOME/rewindfs, else
@@ -53,7 +59,8 @@ export function realpathLoose(path) {
  */
 export function socketPathFor({ storeReal, wsReal, uid, runtimeDir }) {
   const input = Buffer.concat([Buffer.from(storeReal, 'utf8'), Buffer.from([0]), Buffer.from(wsReal, 'utf8')]);
-  return `${runtimeDir || '/tmp'}/rewindfs-${uid}/${xxh3_64_hex(input)}.sock`;
+  const digest = createHash('sha256').update(input).digest('hex').slice(0, DIGEST_HEX);
+  return `${runtimeDir || '/tmp'}/rewindfs-${uid}/${digest}.sock`;
 }
 
 /**

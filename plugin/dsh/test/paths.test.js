@@ -8,18 +8,11 @@ import { test } from 'node:test';
 import { fileURLToPath } from 'node:url';
 import { readFileSync } from 'node:fs';
 import { findSocket, isInside, realpathLoose, socketPathFor } from '../lib/paths.js';
-import { xxh3_64_hex } from '../lib/xxh3.js';
 
 const VECTORS = JSON.parse(readFileSync(fileURLToPath(new URL('../../../tests/e2e/socket_path_vectors.json', import.meta.url)), 'utf8'));
 
-test('xxh3_64 matches the reference digests for every length class', () => {
-  assert.ok(VECTORS.xxh3_64.length >= 30);
-  for (const { hex, xxh3_64 } of VECTORS.xxh3_64) {
-    assert.equal(xxh3_64_hex(Buffer.from(hex, 'hex')), xxh3_64, `length ${hex.length / 2}`);
-  }
-});
-
 test('socket paths match the vectors', () => {
+  assert.ok(VECTORS.socket_path.length >= 8);
   for (const v of VECTORS.socket_path) {
     const got = socketPathFor({ storeReal: v.store, wsReal: v.workspace, uid: v.uid, runtimeDir: v.XDG_RUNTIME_DIR });
     assert.equal(got, v.socket);
