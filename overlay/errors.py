@@ -79,6 +79,7 @@ class ProtocolError(RewindfsError):
     """{message}"""
 
     code = "protocol-error"
+    request_id = None   # the request's id, when it could be read (echoed in the reply)
 
 
 class BadJson(ProtocolError):

@@ -14,6 +14,7 @@ import pathlib
 import socket
 import stat
 import struct
+import subprocess
 
 from rewindfs.plugin._paths import control_socket_path, default_store_path, find_socket
 from rewindfs.store._errors import StoreInsideWorkspace
@@ -150,3 +151,35 @@ def check_workspace(dir_path, store_path) -> bytes:
     if is_inside(store_real, real):
         raise StoreInsideWorkspace(store=os.fsdecode(store_real), workspace=os.fsdecode(real))
     return real
+
+
+# -- the mount table ---------------------------------------------------------------------
+
+def _unescape(field: bytes) -> bytes:
+    out, i = bytearray(), 0
+    while i < len(field):
+        if field[i:i + 1] == b"\\" and field[i + 1:i + 4].isdigit():
+            out.append(int(field[i + 1:i + 4], 8))
+            i += 4
+        else:
+            out.append(field[i])
+            i += 1
+    return bytes(out)
+
+
+def find_rewindfs_mount(real_path: bytes) -> bool:
+    """True if /proc/self/mountinfo lists a ``fuse.rewindfs`` mount at *real_path*."""
+    with open("/proc/self/mountinfo", "rb") as f:
+        for line in f:
+            left, _, right = line.partition(b" - ")
+            fields = left.split()
+            if len(fields) > 4 and _unescape(fields[4]) == real_path:
+                if right.split(b" ", 1)[0] == b"fuse.rewindfs":
+                    return True
+    return False
+
+
+def lazy_unmount(path) -> None:
+    """Detach a (stale) FUSE mount: ``fusermount3 -uz``."""
+    subprocess.run(["fusermount3", "-uz", os.fsdecode(path)], check=False,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

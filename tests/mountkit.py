@@ -66,7 +66,7 @@ class Mount:
         return control_socket_path(self.store, self.ws)
 
     def call(self, method: str, **params):
-        from rewindfs.overlay.control.wire import call
+        from rewindfs.overlay.control.client import call
         return call(self.socket, method, params, timeout=60)
 
     def open_store(self):

@@ -45,7 +45,7 @@ def socket_of(store, ws) -> bytes:
 
 
 def call(store, ws, method: str, **params):
-    from rewindfs.overlay.control.wire import call as _call
+    from rewindfs.overlay.control.client import call as _call
     return _call(socket_of(store, ws), method, params, timeout=60)
 
 

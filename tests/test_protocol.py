@@ -11,7 +11,8 @@ import stat
 import pytest
 
 from mountkit import mounted
-from rewindfs.overlay.control.wire import call, parse_request
+from rewindfs.overlay.control.client import call
+from rewindfs.overlay.control.wire import parse_request
 from rewindfs.overlay.errors import BadParams, BadVersion, UnknownMethod
 from rewindfs.store._errors import RewindfsError
 

@@ -182,7 +182,7 @@ def _raw_show(sock_path: bytes, params: dict, *, out=None):
 def test_each_python_client_returns_the_exact_bytes(big):
     import trio
 
-    from rewindfs.overlay.control.wire import call
+    from rewindfs.overlay.control.client import call
     from rewindfs.plugin.client import Client, TrioClient
 
     m, point, v1, v2 = big
@@ -272,7 +272,7 @@ def test_stalled_reader_holds_up_no_turn(big):
 
 @pytest.mark.mount
 def test_without_stream_v1_reply_and_clear_refusal(big):
-    from rewindfs.overlay.control.wire import call
+    from rewindfs.overlay.control.client import call
     from rewindfs.store._errors import RewindfsError
 
     m, point, _v1, _v2 = big

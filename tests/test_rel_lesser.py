@@ -11,7 +11,7 @@ import os
 import pytest
 
 from mountkit import cli, mounted
-from rewindfs.overlay.control.wire import call as proto_call
+from rewindfs.overlay.control.client import call as proto_call
 from rewindfs.store import Store
 from store_fixtures import assert_sound
 

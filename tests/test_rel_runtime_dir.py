@@ -200,7 +200,7 @@ def _python_clients(path: bytes):
     """Each Python client's attempt at a ``status`` on *path*; returns the error codes."""
     import trio
 
-    from rewindfs.overlay.control.wire import call
+    from rewindfs.overlay.control.client import call
     from rewindfs.plugin.client import Client, RewindfsClientError, TrioClient
     from rewindfs.store._errors import RewindfsError
 

@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import pytest
 
 from mountkit import mounted
-from rewindfs.overlay.control.wire import call
+from rewindfs.overlay.control.client import call
 from rewind_agent import Agent
 from treesnap import compare, snapshot
 

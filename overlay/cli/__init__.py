@@ -96,13 +96,9 @@ def build_parser():
     from rewindfs.overlay.cli import mount
     mount.register(sub)
     table.update(mount.HANDLERS)
-    try:
-        from rewindfs.overlay.cli import rewind
-    except ImportError:
-        pass
-    else:
-        rewind.register(sub)
-        table.update(rewind.HANDLERS)
+    from rewindfs.overlay.cli import rewind
+    rewind.register(sub)
+    table.update(rewind.HANDLERS)
     return parser, table
 
 

@@ -19,9 +19,10 @@ import time
 from rewindfs.store._errors import RewindfsError
 
 from rewindfs.overlay import daemon
-from rewindfs.overlay.control import wire
+from rewindfs.overlay.control import client, wire
 from rewindfs.overlay.cli.render import human_bytes
-from rewindfs.overlay.places import (check_workspace, control_socket_path, find_socket,
+from rewindfs.overlay.places import (check_workspace, control_socket_path, find_rewindfs_mount,
+                                     find_socket, lazy_unmount,
                                      ensure_runtime_dir, is_inside, open_log,
                                      resolve_store_path)
 from rewindfs.overlay.errors import AlreadyMounted, MountFailed, NotMounted, UsageError
@@ -51,7 +52,7 @@ def call_daemon(args, method: str, params=None, *, on_event=None) -> dict:
     store = resolve_store_path(args.store)
     _, sock = find_daemon(getattr(args, "workspace", None) or ".", store)
     try:
-        return wire.call(sock, method, params or {}, on_event=on_event)
+        return client.call(sock, method, params or {}, on_event=on_event)
     except (ConnectionRefusedError, FileNotFoundError):
         raise NotMounted(path=os.fsdecode(getattr(args, "workspace", None) or os.getcwd())) from None
 
@@ -120,18 +121,18 @@ def unmount_workspace(dir_path, store) -> str:
         os.statvfs(real)  # statfs always reaches the daemon (stat may come from cache)
     except OSError as exc:
         if exc.errno == errno.ENOTCONN:  # a dead daemon's mount
-            daemon.lazy_unmount(real)
+            lazy_unmount(real)
             return "stale mount detached"
         raise NotMounted(path=os.fsdecode(raw)) from None
-    if not daemon.find_rewindfs_mount(real):
+    if not find_rewindfs_mount(real):
         raise NotMounted(path=os.fsdecode(real))
     try:
-        wire.call(control_socket_path(store, real), "unmount", {}, timeout=30)
+        client.call(control_socket_path(store, real), "unmount", {}, timeout=30)
     except (OSError, RewindfsError) as exc:
         log.info("daemon did not answer (%s); using fusermount3 -u", exc)
         subprocess.run(["fusermount3", "-u", os.fsdecode(real)], check=False)
     deadline = time.monotonic() + _UNMOUNT_WAIT_S
-    while daemon.find_rewindfs_mount(real):
+    while find_rewindfs_mount(real):
         if time.monotonic() > deadline:
             raise MountFailed(path=os.fsdecode(real), reason="still mounted (busy?)")
         time.sleep(0.02)

@@ -2,9 +2,9 @@
 
 Each command works through the daemon's control socket when the workspace is mounted,
 and straight on the directory from the store when it is not (``open_workspace``): the
-same method code (``_rewind_service.SYNC``) runs in this process then, after finishing
+same method code (``control.rewind_methods.SYNC``) runs in this process then, after finishing
 any interrupted rewind (``recover``).  The workspace is ``-C/--dir DIR`` or the current
-directory, or any directory inside one.  Rendering lives in ``_cli_rewind_view``.
+directory, or any directory inside one.  Rendering lives in ``cli.render``.
 """
 
 from __future__ import annotations
@@ -17,15 +17,17 @@ import json
 import os
 import socket
 
+from rewindfs.store import Store
 from rewindfs.store._errors import PathEscape, RewindfsError
 
 from rewindfs.overlay import errors
 from rewindfs.overlay.cli import render as V
-from rewindfs.overlay.control import wire
 from rewindfs.overlay.cli.mount import find_daemon
-from rewindfs.overlay.places import is_inside, resolve_store_path
-from rewindfs.overlay.errors import NotMounted, StaleMount
-from rewindfs.overlay.errors import NotAWorkspace
+from rewindfs.overlay.control import client
+from rewindfs.overlay.control.rewind_methods import call_local, gc_sync
+from rewindfs.overlay.errors import NotAWorkspace, NotMounted, StaleMount
+from rewindfs.overlay.places import find_rewindfs_mount, is_inside, resolve_store_path
+from rewindfs.overlay.rewind.engine import recover
 
 __all__ = ["HANDLERS", "open_workspace", "register"]
 
@@ -39,20 +41,22 @@ class _Mounted:
         self.root, self.sock = root, sock
 
     def call(self, method: str, params: dict, on_event=None) -> dict:
-        return wire.call(self.sock, method, params, on_event=on_event)
+        return client.call(self.sock, method, params, on_event=on_event)
 
     def points(self, session=None) -> list[dict]:
         return self.call("points", {"session": session} if session else {})["points"]
 
 
 class _Offline:
-    mounted = False
+    """A ``control.host.RewindHost`` with no mount (``live`` None): the methods run here."""
 
-    def __init__(self, store, ws: int, root: bytes, root_fd: int):
+    mounted = False
+    live = None
+
+    def __init__(self, store: Store, ws: int, root: bytes, root_fd: int):
         self.store, self.ws, self.root, self.root_fd = store, ws, root, root_fd
 
     def call(self, method: str, params: dict, on_event=None) -> dict:
-        from rewindfs.overlay.control.rewind_methods import call_local
         return call_local(self, method, params, on_event)
 
     def points(self, session=None) -> list[dict]:
@@ -92,10 +96,6 @@ def open_workspace(args, out):
 
 @contextlib.contextmanager
 def _offline(store_path, start: bytes, out):
-    from rewindfs.store import Store
-
-    from rewindfs.overlay.daemon import find_rewindfs_mount
-    from rewindfs.overlay.rewind.engine import recover
 
     real = os.path.realpath(start)
     with Store.open(store_path, create=False) as store:
@@ -295,6 +295,8 @@ def _write_fd(fd: int, data: bytes) -> None:
 
 
 class _StoreOnly:
+    """gc is store-wide: its host needs only the store (no workspace, no mount)."""
+
     def __init__(self, store):
         self.store = store
 
@@ -323,11 +325,8 @@ def cmd_gc(args, out) -> int:
     store_path = resolve_store_path(args.store)
     live = _live_daemon(os.fsencode(_start(args)), store_path)
     if live is not None:
-        report = wire.call(live[1], "gc", params)
+        report = client.call(live[1], "gc", params)
     else:   # gc is store-wide: no workspace needed
-        from rewindfs.store import Store
-
-        from rewindfs.overlay.control.rewind_methods import gc_sync
         with Store.open(store_path, create=False) as store:
             report = gc_sync(_StoreOnly(store), params, None)
     V.render_gc(out, report)

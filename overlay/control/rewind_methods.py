@@ -22,77 +22,21 @@ import os
 
 import trio
 
-from rewindfs.store._errors import BadPath, PathEscape
 from rewindfs.store._gc import policy_problem
-from rewindfs.store._preimage import check_relpath
 
 from rewindfs.overlay.rewind import diff
 from rewindfs.overlay.rewind import engine
 from rewindfs.overlay.tree import syscalls
 from rewindfs.overlay.control.handoff import Handoff
-from rewindfs.overlay.control.wire import check_text
+from rewindfs.overlay.control.host import DaemonHost, RewindHost
+from rewindfs.overlay.control.wire import flag, opt_paths, opt_str, point_param, wire_path
 from rewindfs.overlay.errors import BadParams
 from rewindfs.overlay.errors import ContentTooLarge
 
 log = logging.getLogger(__name__)
 
-__all__ = ["METHODS", "SYNC", "call_local", "events_of", "plan_dict", "rewind_lock", "wire_path"]
+__all__ = ["METHODS", "SYNC", "call_local", "events_of", "plan_dict"]
 
-_LOCKS: dict[int, trio.Lock] = {}
-_NAME_MAX = 255
-
-
-# -- parameters ---------------------------------------------------------------------
-
-def wire_path(value, method: str) -> bytes:
-    """A workspace-relative path from the wire (str, surrogateescape) → bytes.
-    ``""``/``"."`` = the whole workspace; absolute paths and ``..`` are refused."""
-    if not isinstance(value, str):
-        raise BadParams(method=method, reason="paths must be strings")
-    try:   # non-UTF-8 bytes travel as surrogateescape; other lone surrogates are junk
-        raw = os.fsencode(value)
-    except UnicodeEncodeError:
-        raise BadParams(method=method, reason=f"path {value!r} is not encodable") from None
-    if raw.startswith(b"/"):
-        raise PathEscape(path=raw, reason="absolute path; give it relative to the workspace")
-    parts = [p for p in raw.split(b"/") if p not in (b"", b".")]
-    if b".." in parts:
-        raise PathEscape(path=raw, reason="'..' component")
-    if any(len(p) > _NAME_MAX for p in parts):   # no such name can exist
-        raise BadPath(path=raw[:64] + b"...", reason=f"a name longer than {_NAME_MAX} bytes")
-    return check_relpath(b"/".join(parts))      # NUL, over 4096 bytes: BadPath
-
-
-def _paths(params: dict, method: str) -> list[bytes] | None:
-    value = params.get("paths")
-    if value is None:
-        return None
-    if not isinstance(value, list) or not value:
-        raise BadParams(method=method, reason="'paths' must be a non-empty list of strings")
-    return [wire_path(v, method) for v in value]
-
-
-def _point(params: dict, name: str, method: str, *, required: bool = True):
-    value = params.get(name)
-    if value is None and not required:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, str)) or value == "":
-        raise BadParams(method=method, reason=f"{name!r} must be an epoch id or a turn")
-    return value
-
-
-def _flag(params: dict, name: str, method: str) -> bool:
-    value = params.get(name, False)
-    if not isinstance(value, bool):
-        raise BadParams(method=method, reason=f"{name!r} must be true or false")
-    return value
-
-
-def _opt_str(params: dict, name: str, method: str) -> str | None:
-    value = params.get(name)
-    if value is not None and (not isinstance(value, str) or not value):
-        raise BadParams(method=method, reason=f"{name!r} must be a non-empty string")
-    return value if value is None else check_text(value, name, method)
 
 
 # -- wire forms -----------------------------------------------------------------------
@@ -102,7 +46,7 @@ def plan_dict(plan: engine.RewindPlan, *, with_changes: bool) -> dict:
     out = {"target": plan.target, **counts,
            "foreign": [{"path": os.fsdecode(p), "epoch": e.id, "kind": e.kind,
                         "session": e.session, "turn": e.turn} for p, e in plan.foreign]}
-    damaged = getattr(plan.plan, "damaged", {})
+    damaged = plan.plan.damaged
     if damaged:
         out["damaged"] = [{"path": os.fsdecode(p), "message": reason}
                           for p, reason in sorted(damaged.items())]
@@ -120,16 +64,14 @@ def events_of(event: dict) -> dict:
 
 # -- the methods, synchronous (run in a worker thread, or by the CLI on an unmounted dir)
 #
-# ``ctx`` needs ``store``, ``ws``, ``root_fd``; ``invalidate`` and ``epoch_changed`` are
-# used when present.  ``send(event)`` gets each progress event in its wire form.
+# ``ctx`` is a ``RewindHost``: the daemon, or the CLI offline (``ctx.live`` None: no
+# mount to invalidate or fence).  ``send(event)`` gets each progress event in its wire form.
 
-def _run_rewind(ctx, make_plan, *, dry_run: bool, session, force: bool, send) -> dict:
+def _run_rewind(ctx: RewindHost, make_plan, *, dry_run: bool, session, force: bool, send) -> dict:
     if not dry_run and ctx.store.get_intent(ctx.ws) is not None:
         # An earlier rewind of this workspace broke off: finish it before planning anew.
         engine.recover(ctx.root_fd, ctx.store, ctx.ws,
-                         invalidate=getattr(ctx, "invalidate", None),
-                         epoch_changed=getattr(ctx, "epoch_changed", None),
-                         fence=_fence(ctx))
+                         **_hooks(ctx), fence=ctx.live)
     plan = make_plan()
     summary = plan_dict(plan, with_changes=dry_run)     # built once: event and reply
     send({"type": "rewind.planned", "dry_run": dry_run, **summary})
@@ -137,34 +79,36 @@ def _run_rewind(ctx, make_plan, *, dry_run: bool, session, force: bool, send) ->
         return {"dry_run": True, "epoch": None, **summary}
     result = engine.apply_plan(
         ctx.root_fd, ctx.store, ctx.ws, plan, session=session, force=force,
-        progress=lambda ev: send(events_of(ev)), invalidate=getattr(ctx, "invalidate", None),
-        epoch_changed=getattr(ctx, "epoch_changed", None),
-        writers=_writers(ctx), fence=_fence(ctx))
+        progress=lambda ev: send(events_of(ev)), **_hooks(ctx),
+        writers=_writers(ctx), fence=ctx.live)
     done = {**result.to_dict(), "exit_code": result.exit_code}
     send({"type": "rewind.done", **done, "failed": len(result.failed)})
     return {**done, "foreign": summary["foreign"]}
 
 
-def _writers(ctx):
-    """Only a daemon can fence writers of a file the rewind adopts (_restore_adopt);
-    ``REWINDFS_ADOPT=0`` turns adopting off (A/B runs in docs/benchmarks.md)."""
-    if not hasattr(ctx, "fence_writes") or os.environ.get("REWINDFS_ADOPT") == "0":
+def _hooks(ctx: RewindHost) -> dict:
+    """The engine's cache hooks: a daemon's, or none offline."""
+    if ctx.live is None:
+        return {"invalidate": None, "epoch_changed": None}
+    return {"invalidate": ctx.live.invalidate, "epoch_changed": ctx.live.epoch_changed}
+
+
+def _writers(ctx: RewindHost):
+    """Only a daemon can fence writers of a file the rewind adopts (``rewind.adopt``);
+    ``REWINDFS_ADOPT=0`` turns adopting off (A/B runs in docs/benchmarks.md).  The
+    fence of the plan's paths (``fence=ctx.live``: DESIGN invariant 14) likewise needs
+    a mount; the CLI on an unmounted workspace has none."""
+    if os.environ.get("REWINDFS_ADOPT") == "0":
         return None
-    return ctx
+    return ctx.live
 
 
-def _fence(ctx):
-    """A daemon fences the plan's paths against changes through the mount while the
-    run lands (DESIGN invariant 14); the CLI on an unmounted workspace has no mount."""
-    return ctx if hasattr(ctx, "fence_rewind") else None
-
-
-def rewind_sync(ctx, params: dict, send) -> dict:
-    to = _point(params, "to", "rewind")
-    paths = _paths(params, "rewind")
-    session = _opt_str(params, "session", "rewind")
-    undo_for = _opt_str(params, "undo_for", "rewind")
-    dry_run, force = _flag(params, "dry_run", "rewind"), _flag(params, "force", "rewind")
+def rewind_sync(ctx: RewindHost, params: dict, send) -> dict:
+    to = point_param(params, "to", "rewind")
+    paths = opt_paths(params, "rewind")
+    session = opt_str(params, "session", "rewind")
+    undo_for = opt_str(params, "undo_for", "rewind")
+    dry_run, force = flag(params, "dry_run", "rewind"), flag(params, "force", "rewind")
     make = functools.partial(engine.plan_rewind, ctx.root_fd, ctx.store, ctx.ws, to,
                              paths=paths, session=session)
     # undo_for: the rewind is attributed to that session, so its `redo` finds it.
@@ -172,18 +116,18 @@ def rewind_sync(ctx, params: dict, send) -> dict:
                        session=undo_for if undo_for is not None else session)
 
 
-def redo_sync(ctx, params: dict, send) -> dict:
-    session = _opt_str(params, "session", "redo")
-    dry_run, force = _flag(params, "dry_run", "redo"), _flag(params, "force", "redo")
+def redo_sync(ctx: RewindHost, params: dict, send) -> dict:
+    session = opt_str(params, "session", "redo")
+    dry_run, force = flag(params, "dry_run", "redo"), flag(params, "force", "redo")
     make = functools.partial(engine.plan_redo, ctx.root_fd, ctx.store, ctx.ws,
                              session=session)
     return _run_rewind(ctx, make, dry_run=dry_run, force=force, session=session, send=send)
 
 
-def diff_sync(ctx, params: dict, send) -> dict:
-    a, b = _point(params, "a", "diff"), _point(params, "b", "diff", required=False)
-    paths = _paths(params, "diff")
-    session = _opt_str(params, "session", "diff")
+def diff_sync(ctx: RewindHost, params: dict, send) -> dict:
+    a, b = point_param(params, "a", "diff"), point_param(params, "b", "diff", required=False)
+    paths = opt_paths(params, "diff")
+    session = opt_str(params, "session", "diff")
     ea = ctx.store.resolve_point(ctx.ws, a, session)
     eb = None if b is None else ctx.store.resolve_point(ctx.ws, b, session)
     changes = diff.diff_points(ctx.root_fd, ctx.store, ctx.ws, ea, eb, paths=paths)
@@ -201,17 +145,17 @@ def diff_sync(ctx, params: dict, send) -> dict:
 SHOW_INLINE_MAX = 512 * 1024
 
 
-def open_show(ctx, params: dict):
+def open_show(ctx: RewindHost, params: dict):
     """Validate a ``show`` request and open its content: ``(epoch, Content | None,
     path)`` (``epoch`` None: now; ``Content`` None: absent there)."""
-    point = _point(params, "point", "show", required=False)
+    point = point_param(params, "point", "show", required=False)
     if "path" not in params:
         raise BadParams(method="show", reason="'path' is required")
     path = wire_path(params["path"], "show")
     if not path:
         raise BadParams(method="show", reason="'path' must name a file")
-    session = _opt_str(params, "session", "show")
-    _flag(params, "stream", "show")
+    session = opt_str(params, "session", "show")
+    flag(params, "stream", "show")
     epoch = None if point is None else ctx.store.resolve_point(ctx.ws, point, session)
     return epoch, diff.open_content(ctx.root_fd, ctx.store, ctx.ws, epoch, path), path
 
@@ -231,7 +175,7 @@ def _show_inline(epoch, content, path: bytes) -> dict:
             "content_b64": base64.b64encode(data).decode("ascii")}
 
 
-def show_sync(ctx, params: dict, send) -> dict:
+def show_sync(ctx: RewindHost, params: dict, send) -> dict:
     epoch, content, path = open_show(ctx, params)
     if content is None:
         return {"point": epoch, "exists": False, "content_b64": None}
@@ -246,7 +190,7 @@ def show_sync(ctx, params: dict, send) -> dict:
     return {"point": epoch, "exists": True, "size": n, "streamed": True}
 
 
-def gc_sync(ctx, params: dict, send) -> dict:
+def gc_sync(ctx: RewindHost, params: dict, send) -> dict:
     policy = {}
     for name in ("grace_s", "max_age_s", "max_bytes", "keep_epochs"):
         value = params.get(name)
@@ -256,7 +200,7 @@ def gc_sync(ctx, params: dict, send) -> dict:
         if (reason := policy_problem(name, value)) is not None:
             raise BadParams(method="gc", reason=f"{name!r} {reason}")
         policy[name] = value
-    policy["drop_redo"] = _flag(params, "drop_redo", "gc")
+    policy["drop_redo"] = flag(params, "drop_redo", "gc")
     return ctx.store.gc(**policy).to_dict()
 
 
@@ -264,23 +208,16 @@ SYNC = {"rewind": rewind_sync, "redo": redo_sync, "diff": diff_sync, "show": sho
         "gc": gc_sync}
 
 
-def call_local(ctx, method: str, params: dict, on_event=None) -> dict:
+def call_local(ctx: RewindHost, method: str, params: dict, on_event=None) -> dict:
     """Run a method in this process (the CLI on an unmounted workspace)."""
     return SYNC[method](ctx, params, on_event or (lambda event: None))
 
 
 # -- the protocol handlers ----------------------------------------------------------------
 
-def rewind_lock(ctx) -> trio.Lock:
-    """Held while a rewind/redo of this daemon runs.  A turn mark should take it too:
-    ``begin_turn`` would otherwise close the rewind epoch under the running rewind."""
-    return _LOCKS.setdefault(id(ctx), trio.Lock())
-
-
-async def _handle(method: str, ctx, params: dict, emit) -> dict:
-    lock = rewind_lock(ctx)
+async def _handle(method: str, ctx: DaemonHost, params: dict, emit) -> dict:
     changes = method in ("rewind", "redo") and params.get("dry_run") is not True
-    async with lock:
+    async with ctx.mutation_lock:   # a turn mark waits for a running rewind
         if changes:
             await ctx.flush_writes()
         try:
@@ -293,13 +230,13 @@ async def _handle(method: str, ctx, params: dict, emit) -> dict:
         return result
 
 
-async def _show(ctx, params: dict, emit) -> dict:
+async def _show(ctx: DaemonHost, params: dict, emit) -> dict:
     """``show`` in the daemon: the content is opened under the rewind lock (a
     consistent point), then streamed *outside* it, one chunk per worker-thread read,
     each sent (``await emit``: the socket's pace) before the next is read — memory is
     one chunk, and a reader that stops reading (``rewindfs show | less``) holds up no
     turn mark or rewind."""
-    async with rewind_lock(ctx):
+    async with ctx.mutation_lock:
         epoch, content, path = await trio.to_thread.run_sync(open_show, ctx, params)
     if content is None:
         return {"point": epoch, "exists": False, "content_b64": None}
@@ -314,7 +251,7 @@ async def _show(ctx, params: dict, emit) -> dict:
     return {"point": epoch, "exists": True, "size": n, "streamed": True}
 
 
-async def _run_streaming(fn, ctx, params: dict, emit) -> dict:
+async def _run_streaming(fn, ctx: DaemonHost, params: dict, emit) -> dict:
     """Run the blocking ``fn`` in a worker thread; its progress events are queued
     without waiting (a blocking hop per event cost a 3,000-file rewind ~14 %), handed to
     the trio thread in batches (``Handoff``) and sent in order by a task here, each

@@ -1,4 +1,5 @@
-"""Control protocol v1: message parsing and validation, the method table, a client.
+"""Control protocol v1, the wire: framing, request parsing, ONE set of param readers,
+replies, and errors on the wire.
 
 Wire format (DESIGN.md): one JSON object per line, UTF-8, at most ``MAX_LINE`` bytes.
 
@@ -7,12 +8,10 @@ Wire format (DESIGN.md): one JSON object per line, UTF-8, at most ``MAX_LINE`` b
     ← {"v":1,"id":7,"ok":true,"result":{...}}           (exactly one)
     ← {"v":1,"id":7,"ok":false,"error":{"code":...,"message":...}}
 
-A handler is ``async def h(ctx, params: dict, emit) -> dict``: ``ctx`` is the daemon's
-``DaemonContext``, ``emit(*events)`` an async function sending one progress line per
-event (several in one write).  Handlers
-raise ``RewindfsError`` subclasses for refusals; the server turns them into error
-lines and keeps serving.  ``TABLE`` maps method names to handlers; the restore engine's
-methods are merged in from ``overlay._rewind_service.METHODS`` when that module exists.
+Every param reader raises ``BadParams`` naming the method, so a bad request is refused
+before anything changes.  ``MAX_LINE`` and ``LineBuffer`` are the plugin's (their one
+Python home).  The methods are in ``methods``/``rewind_methods``, the server in
+``server``, the CLI's client in ``client``.
 """
 
 from __future__ import annotations
@@ -20,20 +19,18 @@ from __future__ import annotations
 import json
 import logging
 import os
-import socket
-import time
-
-import trio
 
 from rewindfs.plugin._protocol import MAX_LINE, LineBuffer  # their one Python home
-from rewindfs.store._errors import RewindfsError, all_error_classes
+from rewindfs.store._errors import BadPath, PathEscape, RewindfsError, all_error_classes
+from rewindfs.store._preimage import check_relpath
 
-from rewindfs.overlay.tree.fdbudget import EXHAUSTED
-from rewindfs.overlay.errors import BadJson, BadParams, BadReply, BadVersion, DaemonGone, FdExhausted, ProtocolError, UnknownMethod
+from rewindfs.overlay.errors import BadJson, BadParams, BadVersion, ProtocolError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["LineBuffer", "MAX_LINE", "MAX_REPLY_LINE", "TABLE", "VERSION", "call", "error_from_dict", "parse_request", "opt_str", "req_int", "req_str"]
+__all__ = ["LineBuffer", "MAX_LINE", "MAX_REPLY_LINE", "VERSION", "check_text", "error_from_dict",
+           "flag", "opt_paths", "opt_str", "parse_request", "point_param", "reply_error", "reply_ok",
+           "req_int", "req_str", "wire_path"]
 
 VERSION = 1
 # The blocking client's bound on one reply line.  File content is streamed in lines of
@@ -79,6 +76,9 @@ def parse_request(line: bytes) -> tuple[object, str, dict]:
 
 # -- parameter helpers (raise BadParams with the method name) ---------------------------
 
+_NAME_MAX = 255
+
+
 def req_str(params: dict, name: str, method: str, *, empty: bool = False) -> str:
     value = params.get(name)
     if not isinstance(value, str) or (not empty and not value):
@@ -111,106 +111,60 @@ def req_int(params: dict, name: str, method: str, *, minimum: int | None = None)
     return value
 
 
-# -- the method table -------------------------------------------------------------------
-
-async def turn_begin(ctx, params: dict, emit) -> dict:
-    session = req_str(params, "session", "turn.begin")
-    turn = req_int(params, "turn", "turn.begin", minimum=1)
-    label = params.get("label", "")
-    if not isinstance(label, str):
-        raise BadParams(method="turn.begin", reason="'label' must be a string")
-    check_text(label, "label", "turn.begin")
-    label = label.split("\n", 1)[0]
-    force = params.get("force", False)
-    if not isinstance(force, bool):
-        raise BadParams(method="turn.begin", reason="'force' must be true or false")
-    # A running rewind owns the current epoch: a turn mark waits for it to finish
-    # instead of closing the rewind epoch under it.
-    async with _mutation_lock(ctx):
-        await ctx.flush_writes()
-        # No await between the epoch switch and telling the filesystem: no FUSE request
-        # can run in between, so every change lands in exactly one of the two epochs.
-        # another session's open turn: TurnOpen (nothing changed) unless forced
-        epoch = ctx.store.begin_turn(ctx.ws, session, turn, label, force=force,
-                                     flush=False)   # durable within _FLUSH_EVERY_S
-        ctx.fs.set_epoch(epoch.id)
-    return {"epoch": epoch.id}
+def wire_path(value, method: str) -> bytes:
+    """A workspace-relative path from the wire (str, surrogateescape) → bytes.
+    ``""``/``"."`` = the whole workspace; absolute paths and ``..`` are refused."""
+    if not isinstance(value, str):
+        raise BadParams(method=method, reason="paths must be strings")
+    try:   # non-UTF-8 bytes travel as surrogateescape; other lone surrogates are junk
+        raw = os.fsencode(value)
+    except UnicodeEncodeError:
+        raise BadParams(method=method, reason=f"path {value!r} is not encodable") from None
+    if raw.startswith(b"/"):
+        raise PathEscape(path=raw, reason="absolute path; give it relative to the workspace")
+    parts = [p for p in raw.split(b"/") if p not in (b"", b".")]
+    if b".." in parts:
+        raise PathEscape(path=raw, reason="'..' component")
+    if any(len(p) > _NAME_MAX for p in parts):   # no such name can exist
+        raise BadPath(path=raw[:64] + b"...", reason=f"a name longer than {_NAME_MAX} bytes")
+    return check_relpath(b"/".join(parts))      # NUL, over 4096 bytes: BadPath
 
 
-def _mutation_lock(ctx) -> trio.Lock:
-    from rewindfs.overlay.control.rewind_methods import rewind_lock  # late: _rewind_service imports this module
-    return rewind_lock(ctx)
+def opt_paths(params: dict, method: str) -> list[bytes] | None:
+    value = params.get("paths")
+    if value is None:
+        return None
+    if not isinstance(value, list) or not value:
+        raise BadParams(method=method, reason="'paths' must be a non-empty list of strings")
+    return [wire_path(v, method) for v in value]
 
 
-async def turn_end(ctx, params: dict, emit) -> dict:
-    session = opt_str(params, "session", "turn.end")
-    async with _mutation_lock(ctx):
-        await ctx.flush_writes()
-        # no await until set_epoch (see turn_begin); another session's turn stays open
-        epoch = ctx.store.end_turn(ctx.ws, session, flush=False)
-        ctx.fs.set_epoch(epoch.id)
-    return {"epoch": epoch.id}
+def point_param(params: dict, name: str, method: str, *, required: bool = True):
+    value = params.get(name)
+    if value is None and not required:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, str)) or value == "":
+        raise BadParams(method=method, reason=f"{name!r} must be an epoch id or a turn")
+    return value
 
 
-async def status(ctx, params: dict, emit) -> dict:
-    cur = ctx.store.current_epoch(ctx.ws)
-    open_turn = ctx.store.open_turn(ctx.ws)
-    out = {
-        "workspace": os.fsdecode(ctx.workspace_path), "store": str(ctx.store.path),
-        "socket": os.fsdecode(ctx.socket_path), "epoch": cur.id,
-        "epoch_kind": cur.kind, "mounted": True, "pid": os.getpid(),
-        "open_turn": open_turn.as_point() if open_turn else None,
-        "fs": ctx.fs.statistics(),
-    }
-    bypass = await ctx.bypass_processes()
-    if bypass:
-        out["bypass_writes"] = {"possible": True, "pids": bypass,
-                                "hint": 'these processes work in the bare directory; '
-                                        'they should re-enter it (cd "$PWD")'}
-    intent = ctx.store.get_intent(ctx.ws)
-    if intent:
-        out["intent"] = True
-    if params.get("usage") is True:   # on request (rewindfs status): a pass over the
-        # epochs and a stat per blob file — off the FUSE thread
-        out["usage"] = await trio.to_thread.run_sync(ctx.store.usage, ctx.ws)
-    return out
+def flag(params: dict, name: str, method: str) -> bool:
+    value = params.get(name, False)
+    if not isinstance(value, bool):
+        raise BadParams(method=method, reason=f"{name!r} must be true or false")
+    return value
 
 
-async def points(ctx, params: dict, emit) -> dict:
-    session = opt_str(params, "session", "points")
-    return {"points": [e.as_point() for e in ctx.store.points(ctx.ws, session)]}
+# -- replies and errors on the wire ----------------------------------------------------
+
+def reply_ok(rid, result) -> bytes:
+    return json.dumps({"v": VERSION, "id": rid, "ok": True, "result": result}).encode() + b"\n"
 
 
-async def fork(ctx, params: dict, emit) -> dict:
-    child = req_str(params, "child", "fork")
-    parent = req_str(params, "parent", "fork")
-    boundary = req_int(params, "boundary_turn", "fork", minimum=0)
-    ctx.store.fork_session(child, parent, boundary)
-    return {}
+def reply_error(rid, exc: RewindfsError) -> bytes:
+    return json.dumps({"v": VERSION, "id": rid, "ok": False,
+                       "error": exc.to_dict()}).encode() + b"\n"
 
-
-async def unmount(ctx, params: dict, emit) -> dict:
-    ctx.request_unmount()  # takes effect after this reply is sent
-    return {}
-
-
-TABLE = {
-    "turn.begin": turn_begin,
-    "turn.end": turn_end,
-    "status": status,
-    "points": points,
-    "fork": fork,
-    "unmount": unmount,
-}
-
-try:
-    from rewindfs.overlay.control.rewind_methods import METHODS as _RW
-    TABLE.update(_RW)
-except ImportError:
-    pass
-
-
-# -- client -------------------------------------------------------------------------------
 
 def error_from_dict(err: dict) -> RewindfsError:
     """Rebuild the error class named by a protocol error's ``code`` (for exit codes)."""
@@ -224,98 +178,3 @@ def error_from_dict(err: dict) -> RewindfsError:
     exc = RewindfsError(message)
     exc.code = code or "error"
     return exc
-
-
-def _connect(s: socket.socket, path: bytes) -> None:
-    # A full listen backlog answers EAGAIN on a socket with a timeout; retry briefly.
-    for delay in (0.001, 0.01, 0.05, 0.1, 0.2, 0.5, 1.0):
-        try:
-            s.connect(path)
-            return
-        except BlockingIOError:
-            time.sleep(delay)
-    s.connect(path)
-
-
-def call(sock_path, method: str, params: dict | None = None, *, on_event=None,
-         timeout: float | None = None, request_id=1) -> dict:
-    """Blocking client: send one request, pass events to ``on_event``, return the result.
-
-    Raises the ``RewindfsError`` subclass matching an error reply's code,
-    ``DaemonGone`` if the connection closes first, ``OSError`` if it cannot connect,
-    ``UnsafeSocket`` (nothing sent) if the socket or the process answering on it
-    belongs to neither our uid nor root.
-    """
-    from rewindfs.overlay.places import check_socket_owner   # late: _paths is light, but keep imports flat
-
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-        s.settimeout(timeout)
-        check_socket_owner(sock_path)          # before connecting: owner of the file
-        _connect(s, os.fsencode(sock_path))
-        check_socket_owner(sock_path, s)       # before sending: the process answering
-        req = {"v": VERSION, "id": request_id, "method": method, "params": params or {}}
-        s.sendall(json.dumps(req).encode() + b"\n")
-        lines = LineBuffer()
-        while True:
-            while (line := lines.next_line()) is None:
-                if lines.pending() > MAX_REPLY_LINE:
-                    raise BadReply(reason=f"a reply line over {MAX_REPLY_LINE >> 20} MiB")
-                chunk = s.recv(65536)
-                if not chunk:
-                    raise DaemonGone()
-                lines.feed(chunk)
-            try:
-                msg = json.loads(line)
-            except (ValueError, RecursionError):
-                raise BadReply(reason=f"not JSON: {line[:80]!r}") from None
-            if not isinstance(msg, dict):
-                raise BadReply(reason=f"not an object: {line[:80]!r}")
-            if "event" in msg:
-                if on_event is not None:
-                    on_event(msg["event"])
-                continue
-            if msg.get("ok"):
-                return msg.get("result", {})
-            raise error_from_dict(msg.get("error", {}))
-
-
-# -- server side of one connection ------------------------------------------------------
-
-def reply_ok(rid, result) -> bytes:
-    return json.dumps({"v": VERSION, "id": rid, "ok": True, "result": result}).encode() + b"\n"
-
-
-def reply_error(rid, exc: RewindfsError) -> bytes:
-    return json.dumps({"v": VERSION, "id": rid, "ok": False,
-                       "error": exc.to_dict()}).encode() + b"\n"
-
-
-async def dispatch(ctx, line: bytes, send) -> None:
-    """Handle one request line; every outcome is exactly one reply line."""
-    rid = None
-    try:
-        rid, method, params = parse_request(line)
-        handler = TABLE.get(method)
-        if handler is None:
-            raise UnknownMethod(method=method)
-
-        async def emit(*events: dict) -> None:
-            await send(b"".join(json.dumps({"v": VERSION, "id": rid, "event": e}).encode()
-                                + b"\n" for e in events))
-
-        result = await handler(ctx, params, emit)
-        await send(reply_ok(rid, result if result is not None else {}))
-    except RewindfsError as exc:
-        rid = getattr(exc, "request_id", rid)
-        await send(reply_error(rid, exc))
-    except (trio.Cancelled, trio.BrokenResourceError, trio.ClosedResourceError):
-        raise   # cancelled, or the client went away mid-reply (`rewindfs show | head`)
-    except Exception as exc:  # a bug must not take the daemon down
-        if isinstance(exc, OSError) and exc.errno in EXHAUSTED:
-            log.warning("control request refused: %s", exc, exc_info=True)
-            await send(reply_error(rid, FdExhausted()))    # refuse this one request
-            return
-        log.exception("control request failed")
-        err = RewindfsError(f"internal error: {type(exc).__name__}: {exc}")
-        err.code = "internal"
-        await send(reply_error(rid, err))

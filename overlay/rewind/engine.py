@@ -354,7 +354,7 @@ def _adopt_group(run: _Run, img) -> None:
         return
     for other in run.inodes.names(*key):
         mine = run.targets.get(other, img)
-        if getattr(mine, "link_group", None) != img.link_group:
+        if mine is None or mine.link_group != img.link_group:
             continue
         try:
             dir_fd, name = run.dirs.parent(other)
@@ -496,7 +496,7 @@ def _notify(callback) -> None:
 def _report_damaged(run: _Run, store_plan, result: RestoreResult) -> None:
     """Paths whose deciding journal entry is damaged have no target: name them (the
     rest of the plan still lands; exit code 1)."""
-    for path, reason in sorted(getattr(store_plan, "damaged", {}).items()):
+    for path, reason in sorted(store_plan.damaged.items()):
         _report_failure(run, result, Failure(
             path, "index-corrupt",
             f"its history entry in the store is damaged ({reason}); left as is"))

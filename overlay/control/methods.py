@@ -1,0 +1,155 @@
+"""The control methods and their dispatch: one request line in, events and exactly one
+reply line out.
+
+A handler is ``async def h(ctx: DaemonHost, params: dict, emit) -> dict``; ``emit(*events)``
+sends one progress line per event (several in one write).  Handlers raise
+``RewindfsError`` subclasses for refusals; ``dispatch`` turns them into error lines, and
+any other exception into an ``internal`` error line, so a bug costs one request, never
+the daemon.  ``TABLE`` holds the turn marks, status, points, fork and unmount here, and
+the restore engine's methods from ``rewind_methods``.
+
+Turn marks and rewinds take ``ctx.mutation_lock``: a turn mark during a rewind would
+close the rewind's epoch under it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+
+import trio
+
+from rewindfs.store._errors import RewindfsError
+
+from rewindfs.overlay.control.host import DaemonHost
+from rewindfs.overlay.control.rewind_methods import METHODS
+from rewindfs.overlay.control.wire import (VERSION, check_text, opt_str, parse_request,
+                                           reply_error, reply_ok, req_int, req_str)
+from rewindfs.overlay.errors import BadParams, FdExhausted, ProtocolError, UnknownMethod
+from rewindfs.overlay.tree.fdbudget import EXHAUSTED
+
+log = logging.getLogger(__name__)
+
+__all__ = ["TABLE", "dispatch"]
+
+
+async def turn_begin(ctx: DaemonHost, params: dict, emit) -> dict:
+    session = req_str(params, "session", "turn.begin")
+    turn = req_int(params, "turn", "turn.begin", minimum=1)
+    label = params.get("label", "")
+    if not isinstance(label, str):
+        raise BadParams(method="turn.begin", reason="'label' must be a string")
+    check_text(label, "label", "turn.begin")
+    label = label.split("\n", 1)[0]
+    force = params.get("force", False)
+    if not isinstance(force, bool):
+        raise BadParams(method="turn.begin", reason="'force' must be true or false")
+    # A running rewind owns the current epoch: a turn mark waits for it to finish
+    # instead of closing the rewind epoch under it.
+    async with ctx.mutation_lock:
+        await ctx.flush_writes()
+        # No await between the epoch switch and telling the filesystem: no FUSE request
+        # can run in between, so every change lands in exactly one of the two epochs.
+        # another session's open turn: TurnOpen (nothing changed) unless forced
+        epoch = ctx.store.begin_turn(ctx.ws, session, turn, label, force=force,
+                                     flush=False)   # durable within _FLUSH_EVERY_S
+        ctx.fs.set_epoch(epoch.id)
+    return {"epoch": epoch.id}
+
+
+async def turn_end(ctx: DaemonHost, params: dict, emit) -> dict:
+    session = opt_str(params, "session", "turn.end")
+    async with ctx.mutation_lock:
+        await ctx.flush_writes()
+        # no await until set_epoch (see turn_begin); another session's turn stays open
+        epoch = ctx.store.end_turn(ctx.ws, session, flush=False)
+        ctx.fs.set_epoch(epoch.id)
+    return {"epoch": epoch.id}
+
+
+async def status(ctx: DaemonHost, params: dict, emit) -> dict:
+    cur = ctx.store.current_epoch(ctx.ws)
+    open_turn = ctx.store.open_turn(ctx.ws)
+    out = {
+        "workspace": os.fsdecode(ctx.workspace_path), "store": str(ctx.store.path),
+        "socket": os.fsdecode(ctx.socket_path), "epoch": cur.id,
+        "epoch_kind": cur.kind, "mounted": True, "pid": os.getpid(),
+        "open_turn": open_turn.as_point() if open_turn else None,
+        "fs": ctx.fs.statistics(),
+    }
+    bypass = await ctx.bypass_processes()
+    if bypass:
+        out["bypass_writes"] = {"possible": True, "pids": bypass,
+                                "hint": 'these processes work in the bare directory; '
+                                        'they should re-enter it (cd "$PWD")'}
+    intent = ctx.store.get_intent(ctx.ws)
+    if intent:
+        out["intent"] = True
+    if params.get("usage") is True:   # on request (rewindfs status): a pass over the
+        # epochs and a stat per blob file — off the FUSE thread
+        out["usage"] = await trio.to_thread.run_sync(ctx.store.usage, ctx.ws)
+    return out
+
+
+async def points(ctx: DaemonHost, params: dict, emit) -> dict:
+    session = opt_str(params, "session", "points")
+    return {"points": [e.as_point() for e in ctx.store.points(ctx.ws, session)]}
+
+
+async def fork(ctx: DaemonHost, params: dict, emit) -> dict:
+    child = req_str(params, "child", "fork")
+    parent = req_str(params, "parent", "fork")
+    boundary = req_int(params, "boundary_turn", "fork", minimum=0)
+    ctx.store.fork_session(child, parent, boundary)
+    return {}
+
+
+async def unmount(ctx: DaemonHost, params: dict, emit) -> dict:
+    ctx.request_unmount()  # takes effect after this reply is sent
+    return {}
+
+
+TABLE = {
+    "turn.begin": turn_begin,
+    "turn.end": turn_end,
+    "status": status,
+    "points": points,
+    "fork": fork,
+    "unmount": unmount,
+}
+TABLE.update(METHODS)
+
+
+
+async def dispatch(ctx: DaemonHost, line: bytes, send) -> None:
+    """Handle one request line; every outcome is exactly one reply line."""
+    try:
+        rid, method, params = parse_request(line)
+    except ProtocolError as exc:   # the id is echoed when it could be read
+        await send(reply_error(exc.request_id, exc))
+        return
+    try:
+        handler = TABLE.get(method)
+        if handler is None:
+            raise UnknownMethod(method=method)
+
+        async def emit(*events: dict) -> None:
+            await send(b"".join(json.dumps({"v": VERSION, "id": rid, "event": e}).encode()
+                                + b"\n" for e in events))
+
+        result = await handler(ctx, params, emit)
+        await send(reply_ok(rid, result if result is not None else {}))
+    except RewindfsError as exc:
+        await send(reply_error(rid, exc))
+    except (trio.Cancelled, trio.BrokenResourceError, trio.ClosedResourceError):
+        raise   # cancelled, or the client went away mid-reply (`rewindfs show | head`)
+    except Exception as exc:  # a bug must not take the daemon down
+        if isinstance(exc, OSError) and exc.errno in EXHAUSTED:
+            log.warning("control request refused: %s", exc, exc_info=True)
+            await send(reply_error(rid, FdExhausted()))    # refuse this one request
+            return
+        log.exception("control request failed")
+        err = RewindfsError(f"internal error: {type(exc).__name__}: {exc}")
+        err.code = "internal"
+        await send(reply_error(rid, err))
