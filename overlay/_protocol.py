@@ -25,7 +25,7 @@ import time
 
 import trio
 
-from rewindfs.store._errors import EXIT_USAGE, RewindfsError, all_error_classes
+from rewindfs.store._errors import EXIT_USAGE, InternalError, RewindfsError, all_error_classes
 
 from ._fdbudget import EXHAUSTED
 
@@ -414,6 +414,4 @@ async def dispatch(ctx, line: bytes, send) -> None:
             await send(reply_error(rid, FdExhausted()))    # refuse this one request
             return
         log.exception("control request failed")
-        err = RewindfsError(f"internal error: {type(exc).__name__}: {exc}")
-        err.code = "internal"
-        await send(reply_error(rid, err))
+        await send(reply_error(rid, InternalError(f"internal error: {type(exc).__name__}: {exc}")))
