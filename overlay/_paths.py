@@ -79,7 +79,10 @@ class UnsafeSocket(RewindfsError):
 
 
 class UsageError(RewindfsError):
-    """{message}"""
+    """{message}
+
+    The command line does not parse: an unknown option, a missing argument.
+    """
 
     code = "usage"
     exit_code = EXIT_USAGE

@@ -45,7 +45,10 @@ MAX_REPLY_LINE = 64 << 20
 
 
 class ProtocolError(RewindfsError):
-    """{message}"""
+    """{message}
+
+    The control protocol refused a request, or a client got an unusable reply.
+    """
 
     code = "protocol-error"
 

@@ -137,9 +137,11 @@ class NothingToRedo(RewindfsError):
 class InternalError(RewindfsError):
     """{message}
 
-    Something rewindfs did not expect (a bug, or an environment it does not handle)
-    reached a safety net: the daemon's dispatch (one request fails, the daemon keeps
-    serving) or the CLI's ``main()`` (exit 2, one line; ``-v`` adds the traceback).
+    An exception rewindfs did not expect (a bug, or an environment it does not handle).
+
+    Only the safety nets make it: the daemon's dispatch (that one request fails, the
+    daemon keeps serving) and the CLI's ``main()`` (exit 2 with one line naming the
+    exception; ``-v`` adds the traceback).
     """
 
     code = "internal"
