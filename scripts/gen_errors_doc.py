@@ -19,8 +19,8 @@ page and the classes disagree.  It reads:
 own, two classes sharing a code with different exit codes or errnos, a class without a
 meaning, a code the client raises that no class defines.
 
-Usage: ``scripts/gen_errors_doc.py`` writes the page; ``--check`` only compares (exit 1
-when it is stale).
+Usage: ``.venv/bin/python scripts/gen_errors_doc.py`` writes the page (the rooms must be
+importable as ``rewindfs.*``); ``--check`` only compares (exit 1 when it is stale).
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ JS_TABLE = ROOT / "plugin" / "dsh" / "lib" / "errors.js"
 JS_OPENER = "export const CODES = Object.freeze("
 PACKAGES = ("rewindfs.store", "rewindfs.overlay", "rewindfs.plugin")
 KEBAB = re.compile(r"[a-z]+(-[a-z]+)*")
+
 
 def import_all() -> list[str]:
     """Import every module of the three rooms (``__main__`` modules excepted: importing
@@ -94,15 +95,19 @@ def exit_codes() -> dict[int, str]:
             if name.startswith("EXIT_") and isinstance(value, int)}
 
 
-def room(cls: type) -> str:
+def room_of_module(name: str) -> str:
     """``store``, ``overlay`` or ``plugin``: stable when a module moves inside its room."""
-    return cls.__module__.split(".")[1]
+    return name.split(".")[1]
+
+
+def room(cls: type) -> str:
+    return room_of_module(cls.__module__)
 
 
 @dataclass(frozen=True)
 class Row:
     code: str
-    name: str            # room.Class, or room.module for a code given at a raise
+    name: str            # room.Class
     meaning: str
     exit_code: int | None = None
     errno_name: str | None = None
@@ -118,18 +123,25 @@ def daemon_rows(classes, protocol_root=None) -> list[Row]:
     return sorted(rows, key=lambda r: (r.code, r.name))
 
 
-def client_literal_codes(modules) -> list[tuple[str, str]]:
-    """``(code, module)`` for each ``code="..."`` keyword in the given modules' source:
-    the client raising a code directly, without a class of its own."""
+def literal_codes(modules) -> list[tuple[str, str]]:
+    """``(code, module)`` for each code written as a literal outside a class body in the
+    given modules' source: ``code="..."`` (a keyword), ``x.code = "..."``, ``{"code":
+    "..."}``.  Each must be a class's code: a code made up at a raise would be missing
+    from the page."""
     found = []
     for module in modules:
-        tree = ast.parse(inspect.getsource(module))
-        for node in ast.walk(tree):
+        for node in ast.walk(ast.parse(inspect.getsource(module))):
+            values = []
             if isinstance(node, ast.Call):
-                for kw in node.keywords:
-                    if kw.arg == "code" and isinstance(kw.value, ast.Constant) \
-                            and isinstance(kw.value.value, str):
-                        found.append((kw.value.value, module.__name__))
+                values = [kw.value for kw in node.keywords if kw.arg == "code"]
+            elif isinstance(node, ast.Assign):
+                values = [node.value for t in node.targets
+                          if isinstance(t, ast.Attribute) and t.attr == "code"]
+            elif isinstance(node, ast.Dict):
+                values = [v for k, v in zip(node.keys, node.values)
+                          if isinstance(k, ast.Constant) and k.value == "code"]
+            found += [(v.value, module.__name__) for v in values
+                      if isinstance(v, ast.Constant) and isinstance(v.value, str)]
     return sorted(set(found))
 
 
@@ -150,7 +162,7 @@ class Catalogue:
     protocol_root: type | None   # the protocol's own errors' base (code protocol-error)
     client_root: type     # RewindfsClientError
     client: list          # it and its subclasses
-    client_literals: list  # (code, module)
+    literals: list        # (code, module): codes written at a raise (literal_codes)
     js: dict              # code -> meaning
 
 
@@ -160,10 +172,9 @@ def collect() -> Catalogue:
     from rewindfs.store._errors import RewindfsError
     daemon = subclasses(RewindfsError)
     protocol = [c for c in daemon if c.__dict__.get("code") == "protocol-error"]
-    plugin_modules = [sys.modules[m] for m in modules if m.startswith("rewindfs.plugin.")]
     return Catalogue(RewindfsError, daemon, protocol[0] if protocol else None,
                      RewindfsClientError, subclasses(RewindfsClientError),
-                     client_literal_codes(plugin_modules), js_codes())
+                     literal_codes([sys.modules[m] for m in modules]), js_codes())
 
 
 def problems(cat: Catalogue) -> list[str]:
@@ -194,9 +205,9 @@ def problems(cat: Catalogue) -> list[str]:
             out.append(f"{cls.__qualname__}: code {cls.default_code!r} is not kebab-case")
         if not meaning(cls):
             out.append(f"{cls.__qualname__} ({cls.default_code}) has no docstring")
-    for code, module in cat.client_literals:
+    for code, module in cat.literals:
         if code not in by_code and code not in client_codes:
-            out.append(f"{module} raises code {code!r}, which no class defines")
+            out.append(f"{module} writes code {code!r}, which no class defines")
     for code, text in cat.js.items():
         if not KEBAB.fullmatch(code) or not isinstance(text, str) or not text:
             out.append(f"plugin/dsh/lib/errors.js: bad entry {code!r}: {text!r}")
@@ -207,75 +218,81 @@ def _cell(text) -> str:
     return "—" if text is None or text == "" else str(text).replace("|", "\\|")
 
 
+HEAD = """\
+# Error codes
+
+<!-- GENERATED by scripts/gen_errors_doc.py from the error classes; do not edit.
+     tests/unit/test_errors_doc.py fails when this page and the classes disagree. -->
+
+Scripts match the **code**, never the message.  A code is the same on every edge:
+`rewindfs --json` prints it (`{"type": "error", "code": …, "exit_code": …}`), the
+control socket sends it (`{"ok": false, "error": {"code": …, "message": …}}`), the
+Python client raises it as `RewindfsClientError.code`, the dsh plugin as
+`refusal.code`.  The CLI turns an error into its exit code only in `main()`; a FUSE
+handler turns it into its errno only at the FUSE boundary.
+
+## Exit codes
+
+| exit | meaning |
+|---|---|
+"""
+
+DAEMON_HEAD = """
+(In detail: [README, Exit codes](../README.md#exit-codes).)
+
+An exception rewindfs did not expect exits 2 with one line naming it (code
+`internal`; `-v` prints the traceback), never 1.
+
+## rewindfs errors (store, daemon, CLI)
+
+Every `RewindfsError` subclass.  *exit*: the CLI's exit code; *errno*: what a file
+operation gets when this error stops it; *protocol*: raised by the control protocol
+itself (framing, version, method, parameters, peer).  The meaning is the message
+template; `{…}` is filled in at raise time.
+
+| code | class | exit | errno | protocol | meaning |
+|---|---|---|---|---|---|
+"""
+
+CLIENT_HEAD = """
+## Python client (`rewindfs.plugin`)
+
+`RewindfsClientError.code` is the daemon's code (above) or one made by the client
+itself:
+
+| code | class | meaning |
+|---|---|---|
+"""
+
+JS_HEAD = """
+## dsh plugin (`plugin/dsh/lib/errors.js`)
+
+`RewindfsCallError.code` and `refusal.code`: the daemon's code, passed on unchanged,
+or one of these, made by the plugin:
+
+| code | meaning |
+|---|---|
+"""
+
+
 def render(cat: Catalogue) -> str:
-    lines = [
-        "# Error codes",
-        "",
-        "<!-- GENERATED by scripts/gen_errors_doc.py from the error classes; do not edit.",
-        "     tests/unit/test_errors_doc.py fails when this page and the classes disagree. -->",
-        "",
-        "Scripts match the **code**, never the message.  A code is the same on every edge:",
-        "`rewindfs --json` prints it (`{\"type\": \"error\", \"code\": …, \"exit_code\": …}`),",
-        "the control socket sends it (`{\"ok\": false, \"error\": {\"code\": …, \"message\": …}}`),",
-        "the Python client raises it as `RewindfsClientError.code`, the dsh plugin as",
-        "`refusal.code`.  The CLI turns an error into its exit code only in `main()`; a FUSE",
-        "handler turns it into its errno only at the FUSE boundary.",
-        "",
-        "## Exit codes",
-        "",
-        "| exit | meaning |",
-        "|---|---|",
-    ]
-    lines += [f"| {code} | {text} |" for code, text in sorted(exit_codes().items())]
-    lines += [
-        "",
-        "(In detail: [README, Exit codes](../README.md#exit-codes).)",
-        "",
-        "An exception rewindfs did not expect exits 2 with one line naming it (code",
-        "`internal`; `-v` prints the traceback), never 1.",
-        "",
-        "## rewindfs errors (store, daemon, CLI)",
-        "",
-        "Every `RewindfsError` subclass.  *exit*: the CLI's exit code; *errno*: what a file",
-        "operation gets when this error stops it; *protocol*: raised by the control",
-        "protocol itself (framing, version, method, parameters, peer).  The meaning is",
-        "the message template; `{…}` is filled in at raise time.",
-        "",
-        "| code | class | exit | errno | protocol | meaning |",
-        "|---|---|---|---|---|---|",
-    ]
-    for r in daemon_rows(cat.daemon, cat.protocol_root):
-        lines.append(f"| `{r.code}` | `{r.name}` | {r.exit_code} | `{r.errno_name}` | "
-                     f"{'yes' if r.protocol else ''} | {_cell(r.meaning)} |")
-    lines += [
-        "",
-        "## Python client (`rewindfs.plugin`)",
-        "",
-        "`RewindfsClientError.code` is the daemon's code (above) or one made by the",
-        "client itself:",
-        "",
-        "| code | class | meaning |",
-        "|---|---|---|",
-    ]
-    for cls in sorted(cat.client, key=lambda c: (c.default_code, c.__name__)):
-        lines.append(f"| `{cls.default_code}` | `{room(cls)}.{cls.__name__}` | "
-                     f"{_cell(meaning(cls))} |")
-    if cat.client_literals:
-        lines += ["", "The client also raises these daemon codes itself, before sending:", ""]
-        lines += [f"- `{code}` (`{module.removeprefix('rewindfs.')}`)"
-                  for code, module in cat.client_literals]
-    lines += [
-        "",
-        "## dsh plugin (`plugin/dsh/lib/errors.js`)",
-        "",
-        "`RewindfsCallError.code` and `refusal.code`: the daemon's code, passed on",
-        "unchanged, or one of these, made by the plugin:",
-        "",
-        "| code | meaning |",
-        "|---|---|",
-    ]
-    lines += [f"| `{code}` | {_cell(text)} |" for code, text in sorted(cat.js.items())]
-    return "\n".join(lines) + "\n"
+    out = [HEAD]
+    out += [f"| {code} | {text} |\n" for code, text in sorted(exit_codes().items())]
+    out.append(DAEMON_HEAD)
+    out += [f"| `{r.code}` | `{r.name}` | {r.exit_code} | `{r.errno_name}` | "
+            f"{'yes' if r.protocol else ''} | {_cell(r.meaning)} |\n"
+            for r in daemon_rows(cat.daemon, cat.protocol_root)]
+    out.append(CLIENT_HEAD)
+    out += [f"| `{c.default_code}` | `{room(c)}.{c.__name__}` | {_cell(meaning(c))} |\n"
+            for c in sorted(cat.client, key=lambda c: (c.default_code, c.__name__))]
+    own = [(code, module) for code, module in cat.literals
+           if room_of_module(module) == "plugin"]
+    if own:
+        out.append("\nThe client also raises these daemon codes itself, before sending:\n\n")
+        out += [f"- `{code}` (`{module.removeprefix('rewindfs.')}`)\n" for code, module in own]
+    out.append(JS_HEAD)
+    out += [f"| `{code}` | {_cell(text)} |\n" for code, text in sorted(cat.js.items())]
+    return "".join(out)
 
 
 def main(argv=None) -> int:

@@ -160,8 +160,23 @@ def test_other_problems_are_named():
                                     js={"Bad": "x", "empty": ""}))
     assert any("no docstring" in p for p in found), found
     assert any("not kebab-case" in p for p in found), found
-    assert any("'made-up', which no class defines" in p for p in found), found
+    assert any("writes code 'made-up', which no class defines" in p for p in found), found
     assert sum("plugin/dsh/lib/errors.js" in p for p in found) == 2, found
+
+
+def test_codes_written_at_a_raise_are_found(tmp_path, catalogue):
+    path = tmp_path / "raiser_of_a_test.py"
+    path.write_text('def fail(err, Error):\n    err.code = "by-attribute"\n'
+                    '    raise Error("x", code="by-keyword")\n\n'
+                    'REPLY = {"code": "by-dict", "message": "m"}\n')
+    spec = importlib.util.spec_from_file_location("raiser_of_a_test", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert gen.literal_codes([module]) == [
+        ("by-attribute", "raiser_of_a_test"), ("by-dict", "raiser_of_a_test"),
+        ("by-keyword", "raiser_of_a_test")]
+    # and in the rooms: the spawn error the daemon writes as a dict, the client's own
+    assert {"mount-failed", "too-large"} <= {code for code, _module in catalogue.literals}
 
 
 def test_the_js_table_is_read_from_its_literal(tmp_path):
