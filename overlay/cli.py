@@ -7,8 +7,9 @@ and, when present, ``overlay._cli_rewind`` (log, rewind, redo, diff, show, gc).
 
 Exit codes are made here and only here (DESIGN): a handler's return value, or
 ``RewindfsError.exit_code`` for an error (0 done, 1 partial, 2 could not run, 3 usage;
-argparse errors are usage errors and exit 3; any other exception exits 2, never 1).  ``--json`` prints JSON Lines
-``{"v":1,"type":...}``; otherwise people get rich output on a terminal.
+argparse errors are usage errors and exit 3; any other exception exits 2, never 1).
+``--json`` prints JSON Lines ``{"v":1,"type":...}``; otherwise people get rich output
+on a terminal.
 """
 
 from __future__ import annotations
