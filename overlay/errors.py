@@ -66,7 +66,10 @@ class UnsafeSocket(RewindfsError):
 
 
 class UsageError(RewindfsError):
-    """{message}"""
+    """{message}
+
+    The command line does not parse: an unknown option, a missing argument.
+    """
 
     code = "usage"
     exit_code = EXIT_USAGE
@@ -76,7 +79,10 @@ class UsageError(RewindfsError):
 
 
 class ProtocolError(RewindfsError):
-    """{message}"""
+    """{message}
+
+    The control protocol refused a request, or a client got an unusable reply.
+    """
 
     code = "protocol-error"
     request_id = None   # the request's id, when it could be read (echoed in the reply)

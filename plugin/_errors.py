@@ -36,6 +36,8 @@ class RewindfsClientError(Exception):
 
 
 class NotMounted(RewindfsClientError):
+    """No daemon serves that directory (no control socket found)."""
+
     default_code = "not-mounted"
 
     def __init__(self, path):
@@ -44,6 +46,8 @@ class NotMounted(RewindfsClientError):
 
 
 class DaemonUnreachable(RewindfsClientError):
+    """The socket exists but nobody answers on it (a dead daemon)."""
+
     default_code = "daemon-unreachable"
 
     def __init__(self, socket, reason):
@@ -51,6 +55,8 @@ class DaemonUnreachable(RewindfsClientError):
 
 
 class ConnectionLost(RewindfsClientError):
+    """The daemon closed the connection before replying."""
+
     default_code = "connection-lost"
 
     def __init__(self):
@@ -58,6 +64,8 @@ class ConnectionLost(RewindfsClientError):
 
 
 class Timeout(RewindfsClientError):
+    """No reply within the client's timeout (the daemon may still apply the request)."""
+
     default_code = "timeout"
 
     def __init__(self, method, seconds):
@@ -65,6 +73,8 @@ class Timeout(RewindfsClientError):
 
 
 class BadResponse(RewindfsClientError):
+    """The daemon sent something that is not protocol v1."""
+
     default_code = "bad-response"
 
     def __init__(self, *, reason):
@@ -72,6 +82,8 @@ class BadResponse(RewindfsClientError):
 
 
 class UnsafeSocket(RewindfsClientError):
+    """The socket, or the process answering on it, is neither ours nor root's; nothing was sent."""
+
     default_code = "unsafe-socket"
 
     def __init__(self, socket, reason):

@@ -34,6 +34,8 @@ __all__ = ["Rewindfs", "TurnMark", "UnknownTurn"]
 
 
 class UnknownTurn(RewindfsClientError):
+    """The session has no point for that turn."""
+
     default_code = "unknown-point"
 
 

@@ -6,8 +6,8 @@ from ._blob import INLINE_MAX, BlobCollision, hash_fd
 from ._check import FsckReport, Problem
 from ._epoch import Epoch
 from ._errors import (
-    BadPath, BadPoint, BlobCorrupt, BlobMissing, IndexCorrupt, NothingToRedo, PathEscape,
-    RewindfsError, SchemaTooNew, StoreError, StoreFull, StoreInsideWorkspace, TurnOpen,
+    BadPath, BadPoint, BlobCorrupt, BlobMissing, IndexCorrupt, InternalError, NothingToRedo,
+    PathEscape, RewindfsError, SchemaTooNew, StoreError, StoreFull, StoreInsideWorkspace, TurnOpen,
     UnknownPoint,
 )
 from ._gc import GcReport
@@ -20,7 +20,7 @@ from ._store import Store
 __all__ = [
     "INLINE_MAX", "Action", "AmbiguousPoint", "BadPath", "BadPoint", "BadSession", "BlobCollision",
     "BlobCorrupt", "BlobMissing", "Epoch", "EpochClosed", "FsckReport", "GcReport",
-    "IndexCorrupt", "NothingToRedo", "PathEscape", "Plan", "PreImage", "Problem",
+    "IndexCorrupt", "InternalError", "NothingToRedo", "PathEscape", "Plan", "PreImage", "Problem",
     "RewindfsError", "SchemaTooNew", "SessionConflict", "Store", "StoreError", "StoreFull",
     "StoreInsideWorkspace", "TurnOpen", "UnknownPoint",
     "check_relpath", "hash_fd",

@@ -19,7 +19,10 @@ EXIT_USAGE = 3
 
 
 class RewindfsError(Exception):
-    """{message}"""
+    """{message}
+
+    The root: a refusal or failure rewindfs expected and explains (see docs/errors.md).
+    """
 
     code = "error"
     exit_code = EXIT_COULD_NOT_RUN
@@ -129,6 +132,20 @@ class NothingToRedo(RewindfsError):
     """Nothing to redo: no rewind{scope} yet."""
 
     code = "nothing-to-redo"
+
+
+class InternalError(RewindfsError):
+    """{message}
+
+    An exception rewindfs did not expect (a bug, or an environment it does not handle).
+
+    Only the safety nets make it: the daemon's dispatch (that one request fails, the
+    daemon keeps serving) and the CLI's ``main()`` (exit 2 with one line naming the
+    exception; ``-v`` adds the traceback).
+    """
+
+    code = "internal"
+    traceback = True
 
 
 def all_error_classes() -> list[type[RewindfsError]]:

@@ -7,8 +7,9 @@ and, when present, ``overlay._cli_rewind`` (log, rewind, redo, diff, show, gc).
 
 Exit codes are made here and only here (DESIGN): a handler's return value, or
 ``RewindfsError.exit_code`` for an error (0 done, 1 partial, 2 could not run, 3 usage;
-argparse errors are usage errors and exit 3).  ``--json`` prints JSON Lines
-``{"v":1,"type":...}``; otherwise people get rich output on a terminal.
+argparse errors are usage errors and exit 3; any other exception exits 2, never 1).
+``--json`` prints JSON Lines ``{"v":1,"type":...}``; otherwise people get rich output
+on a terminal.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import json
 import logging
 import sys
 
-from rewindfs.store._errors import RewindfsError
+from rewindfs.store._errors import InternalError, RewindfsError
 
 from rewindfs.overlay.errors import UsageError
 
@@ -105,6 +106,7 @@ def build_parser():
 def main(argv=None) -> int:
     """Run one command; returns the exit code (``sys.exit(main())``)."""
     out = Output("--json" in (argv if argv is not None else sys.argv[1:]))
+    args = None
     try:
         parser, table = build_parser()
         args = parser.parse_args(argv)
@@ -120,4 +122,32 @@ def main(argv=None) -> int:
         return exc.exit_code
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:    # noqa: BLE001 — the safety net: 2, never 1 ("partial")
+        return _unexpected(exc, out, verbose=bool(args is not None and args.verbose))
+
+
+def _unexpected(exc: Exception, out: Output, *, verbose: bool) -> int:
+    """An exception rewindfs did not expect means "could not run" (exit 2), never
+    Python's default exit 1, which the contract reserves for "partial".  One line names
+    it (``--json``: one ``error`` record with code ``internal``); the traceback, useful
+    only for a bug report, is printed with ``-v``.  Reporting must not raise in turn:
+    when the output itself is what failed (stdout on a full disk), the line goes to
+    stderr, and when that fails too the exit code alone still says it."""
+    err = InternalError(f"could not run: {type(exc).__name__}: {exc}")
+    try:
+        if verbose:
+            import traceback
+            traceback.print_exception(exc, file=sys.stderr)
+        if out.json:
+            try:
+                out.error(err)
+                return err.exit_code
+            except Exception:   # noqa: BLE001 — stdout may be what broke
+                pass
+        hint = "" if verbose else " (run with -v for the traceback)"
+        sys.stderr.write(f"rewindfs: {err.message}{hint}\n")
+        sys.stderr.flush()
+    except Exception:   # noqa: BLE001 — nowhere left to report
+        pass
+    return err.exit_code
 

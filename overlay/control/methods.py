@@ -20,7 +20,7 @@ import os
 
 import trio
 
-from rewindfs.store._errors import RewindfsError
+from rewindfs.store._errors import InternalError, RewindfsError
 
 from rewindfs.overlay.control.host import DaemonHost
 from rewindfs.overlay.control.rewind_methods import METHODS
@@ -150,6 +150,4 @@ async def dispatch(ctx: DaemonHost, line: bytes, send) -> None:
             await send(reply_error(rid, FdExhausted()))    # refuse this one request
             return
         log.exception("control request failed")
-        err = RewindfsError(f"internal error: {type(exc).__name__}: {exc}")
-        err.code = "internal"
-        await send(reply_error(rid, err))
+        await send(reply_error(rid, InternalError(f"internal error: {type(exc).__name__}: {exc}")))

@@ -21,6 +21,7 @@
  */
 import { parseRewind, renderPoints, renderRedo, renderRefusal, renderRewind, renderStatus } from './lib/commands.js';
 import { Config } from './lib/config.js';
+import { refusal } from './lib/errors.js';
 import { labelOf } from './lib/fork.js';
 import { RewindfsService } from './lib/service.js';
 
@@ -104,7 +105,7 @@ async function rewindCommand(service, { agent, rawInput }) {
 }
 
 async function redoCommand(service, { agent, rawInput }) {
-  if ((rawInput ?? '').trim() !== '') return { kind: 'error', text: renderRefusal({ code: 'usage', message: '/redo takes no arguments' }, '/redo') };
+  if ((rawInput ?? '').trim() !== '') return { kind: 'error', text: renderRefusal(refusal('usage', '/redo takes no arguments'), '/redo') };
   const r = await service.redo(agent);
   return r.ok ? { kind: 'success', text: renderRedo(r.value) } : { kind: 'error', text: renderRefusal(r.refusal, '/redo') };
 }

@@ -19,21 +19,9 @@
  */
 import { lstatSync } from 'node:fs';
 import { createConnection } from 'node:net';
+import { callError, codeOf, RewindfsCallError } from './errors.js';
 
 const MAX_LINE = 1 << 20;
-
-/** An error with a protocol `code` (kebab-case); callers match the code, not the text. */
-export class RewindfsCallError extends Error {
-  /**
-   * @param {string} code - protocol or client error code.
-   * @param {string} message - human text.
-   */
-  constructor(code, message) {
-    super(message);
-    this.name = 'RewindfsCallError';
-    this.code = code;
-  }
-}
 
 let nextId = 1;
 
@@ -64,7 +52,7 @@ export class LineSplitter {
       this.searched += (nl < 0 ? chunk.length : nl + 1) - start;
       if (nl < 0) break;
       const piece = chunk.subarray(start, nl);
-      if (this.pending + piece.length > this.limit) throw new RewindfsCallError('bad-response', 'reply line over 1 MiB');
+      if (this.pending + piece.length > this.limit) throw callError('bad-response', 'reply line over 1 MiB');
       this.parts.push(piece);
       lines.push(Buffer.concat(this.parts).toString('utf8'));
       this.parts = [];
@@ -74,7 +62,7 @@ export class LineSplitter {
     if (start < chunk.length) {
       const rest = chunk.subarray(start);
       this.pending += rest.length;
-      if (this.pending > this.limit) throw new RewindfsCallError('bad-response', 'reply line over 1 MiB');
+      if (this.pending > this.limit) throw callError('bad-response', 'reply line over 1 MiB');
       this.parts.push(rest);
     }
     return lines;
@@ -112,7 +100,7 @@ export function call(socket, method, params = {}, options = {}) {
   const id = nextId++;
   const line = `${JSON.stringify({ v: 1, id, method, params: clean(params) })}\n`;
   const problem = socketOwnerProblem(socket);
-  if (problem) return Promise.reject(new RewindfsCallError('unsafe-socket', `refusing the control socket ${socket}: ${problem}; nothing was sent`));
+  if (problem) return Promise.reject(callError('unsafe-socket', `refusing the control socket ${socket}: ${problem}; nothing was sent`));
   return new Promise((resolvePromise, rejectPromise) => {
     const splitter = new LineSplitter();
     let settled = false;
@@ -126,16 +114,16 @@ export function call(socket, method, params = {}, options = {}) {
       if (error) rejectPromise(error);
       else resolvePromise(value);
     };
-    const timer = setTimeout(() => finish(new RewindfsCallError('timeout', `no reply to ${method} within ${timeoutMs} ms`)), timeoutMs);
-    const onAbort = () => finish(new RewindfsCallError('aborted', `${method} was cancelled`));
+    const timer = setTimeout(() => finish(callError('timeout', `no reply to ${method} within ${timeoutMs} ms`)), timeoutMs);
+    const onAbort = () => finish(callError('aborted', `${method} was cancelled`));
     signal?.addEventListener('abort', onAbort, { once: true });
     conn.on('connect', () => conn.write(line));
     conn.on('error', (error) => {
       const unreachable = ['ENOENT', 'ECONNREFUSED', 'EACCES', 'ENOTSOCK'].includes(error.code);
-      finish(new RewindfsCallError(unreachable ? 'daemon-unreachable' : 'connection-lost',
-        unreachable ? `no rewindfs daemon answers on ${socket}: ${error.code}` : `connection to the rewindfs daemon failed: ${error.message}`));
+      finish(unreachable ? callError('daemon-unreachable', `no rewindfs daemon answers on ${socket}: ${error.code}`)
+        : callError('connection-lost', `connection to the rewindfs daemon failed: ${error.message}`));
     });
-    conn.on('close', () => finish(new RewindfsCallError('connection-lost', 'the rewindfs daemon closed the connection before replying')));
+    conn.on('close', () => finish(callError('connection-lost', 'the rewindfs daemon closed the connection before replying')));
     conn.on('data', (chunk) => {
       let lines;
       try {
@@ -163,16 +151,16 @@ function parseLine(text, id) {
   try {
     msg = JSON.parse(text);
   } catch {
-    return { error: new RewindfsCallError('bad-response', `not JSON: ${text.slice(0, 80)}`) };
+    return { error: callError('bad-response', `not JSON: ${text.slice(0, 80)}`) };
   }
-  if (msg === null || typeof msg !== 'object' || msg.v !== 1) return { error: new RewindfsCallError('bad-response', `not a v1 message: ${text.slice(0, 80)}`) };
-  if (msg.id !== undefined && msg.id !== null && msg.id !== id) return { error: new RewindfsCallError('bad-response', `reply for id ${msg.id}, expected ${id}`) };
+  if (msg === null || typeof msg !== 'object' || msg.v !== 1) return { error: callError('bad-response', `not a v1 message: ${text.slice(0, 80)}`) };
+  if (msg.id !== undefined && msg.id !== null && msg.id !== id) return { error: callError('bad-response', `reply for id ${msg.id}, expected ${id}`) };
   if (msg.event !== undefined) return { event: msg.event };
   if (msg.ok === true) return { result: msg.result && typeof msg.result === 'object' ? msg.result : {} };
   if (msg.ok === false && msg.error && typeof msg.error === 'object') {
-    return { error: new RewindfsCallError(String(msg.error.code ?? 'error'), String(msg.error.message ?? 'error')) };
+    return { error: new RewindfsCallError(codeOf(msg.error), String(msg.error.message ?? 'error')) };
   }
-  return { error: new RewindfsCallError('bad-response', `neither result nor error: ${text.slice(0, 80)}`) };
+  return { error: callError('bad-response', `neither result nor error: ${text.slice(0, 80)}`) };
 }
 
 function clean(params) {

@@ -10,6 +10,7 @@
  * states its reason (docs/dsh.md lists the texts).
  * @module rewindfs-dsh/commands
  */
+import { refusal } from './errors.js';
 import { parseTurn } from './service.js';
 
 export const USAGE = 'usage: /rewind [<turn> [--into <session>] | status]';
@@ -23,14 +24,14 @@ export function parseRewind(raw) {
   const words = raw.trim().split(/\s+/).filter((w) => w !== '');
   if (words.length === 0) return { op: 'list' };
   if (words[0] === 'status') {
-    return words.length === 1 ? { op: 'status' } : { refusal: { code: 'usage', message: `"/rewind status" takes no arguments; ${USAGE}` } };
+    return words.length === 1 ? { op: 'status' } : { refusal: refusal('usage', `"/rewind status" takes no arguments; ${USAGE}`) };
   }
   const parsed = parseTurn(words[0]);
   if (parsed.refusal) return parsed;
   const rest = words.slice(1);
   if (rest.length === 0) return { op: 'rewind', turn: parsed.turn };
   if (rest[0] === '--into' && rest.length === 2) return { op: 'rewind', turn: parsed.turn, into: rest[1] };
-  return { refusal: { code: 'usage', message: `unexpected "${rest.join(' ')}"; ${USAGE}` } };
+  return { refusal: refusal('usage', `unexpected "${rest.join(' ')}"; ${USAGE}`) };
 }
 
 const pad = (n) => String(n).padStart(2, '0');

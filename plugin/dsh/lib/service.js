@@ -14,13 +14,16 @@
  * @module rewindfs-dsh/service
  */
 import { randomUUID } from 'node:crypto';
-import { call, RewindfsCallError } from './client.js';
+import { call } from './client.js';
+import { callError, codeOf, refusal } from './errors.js';
 import { forkCut, turnsOf } from './fork.js';
 import { defaultStorePath, findSocket, isInside, realpathLoose } from './paths.js';
 
 // REWINDFS_DSH_DEBUG=1 traces every socket call on stderr (for bug reports).
 const debug = process.env.REWINDFS_DSH_DEBUG ? (text) => process.stderr.write(`rewindfs-dsh: ${text}\n`) : () => {};
-const refuse = (code, message) => ({ ok: false, refusal: { code, message } });
+const refuse = (code, message) => ({ ok: false, refusal: refusal(code, message) });
+// A caught error becomes a refusal with its own code (the daemon's codes pass through).
+const refuseWith = (error, message = error.message) => ({ ok: false, refusal: { code: codeOf(error), message } });
 const ok = (value) => ({ ok: true, value });
 const SESSION_ID = /^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$/;
 const RELATIVE = /^(?:[-+~^].*|head.*|prev(?:ious)?|last|latest|back)$/i;
@@ -33,9 +36,9 @@ const RELATIVE = /^(?:[-+~^].*|head.*|prev(?:ious)?|last|latest|back)$/i;
 export function parseTurn(text) {
   if (/^[0-9]+$/.test(text) && Number(text) >= 1 && Number.isSafeInteger(Number(text))) return { turn: Number(text) };
   if (RELATIVE.test(text)) {
-    return { refusal: { code: 'relative-point', message: `"${text}" is a relative point; name an absolute turn number (see /rewind)` } };
+    return { refusal: refusal('relative-point', `"${text}" is a relative point; name an absolute turn number (see /rewind)`) };
   }
-  return { refusal: { code: 'bad-turn', message: `"${text}" is not a turn number (turns count from 1; see /rewind)` } };
+  return { refusal: refusal('bad-turn', `"${text}" is not a turn number (turns count from 1; see /rewind)`) };
 }
 
 export class RewindfsService {
@@ -96,7 +99,7 @@ export class RewindfsService {
   async rpc(cwd, method, params, options = {}) {
     const where = this.locate(cwd);
     if (where === undefined) {
-      throw new RewindfsCallError('not-mounted', `${cwd} is not inside a workspace served by rewindfs (run: rewindfs mount <dir>)`);
+      throw callError('not-mounted', `${cwd} is not inside a workspace served by rewindfs (run: rewindfs mount <dir>)`);
     }
     const timeoutMs = options.timeoutMs ?? this.config.callTimeoutMs;
     debug(`-> ${method} ${JSON.stringify(params)} (${where.socket})`);
@@ -179,7 +182,7 @@ export class RewindfsService {
       const { where, result } = await this.enqueue(agent?.id ?? '', () => this.rpc(cwd, 'status', {}));
       return ok({ ...result, socket: result.socket ?? where.socket, workspace: result.workspace ?? where.workspace, outside: [...this.outside], unprotected: agent ? this.state(agent.id).unprotected : [] });
     } catch (error) {
-      return refuse(error.code ?? 'error', error.message);
+      return refuseWith(error);
     }
   }
 
@@ -189,7 +192,7 @@ export class RewindfsService {
       const points = (result.points ?? []).filter((p) => p.kind === 'turn');
       return ok({ session: agent.id, points });
     } catch (error) {
-      return refuse(error.code ?? 'error', error.message);
+      return refuseWith(error);
     }
   }
 
@@ -227,7 +230,7 @@ export class RewindfsService {
       // "e<id>" names the epoch: a bare number with a session means a turn number.
       await this.rpc(cwd, 'rewind', { to: `e${epoch}`, session: agent.id, dry_run: true });
     } catch (error) {
-      return refuse(error.code ?? 'error', error.message);
+      return refuseWith(error);
     }
     let handle;
     try {
@@ -253,7 +256,7 @@ export class RewindfsService {
       return ok({ ...result, turn, target: result.target ?? epoch, parent: agent.id, child: childId, seedLength: cut.cut });
     } catch (error) {
       await handle.dispose().catch(() => {});
-      return refuse(error.code ?? 'error', `${error.message} (the files were not rewound; the forked session ${childId} was discarded)`);
+      return refuseWith(error, `${error.message} (the files were not rewound; the forked session ${childId} was discarded)`);
     }
   }
 
@@ -271,7 +274,7 @@ export class RewindfsService {
       const { result } = await this.enqueue(agent.id, () => this.rpc(this.cwdOf(agent), 'redo', { session: agent.id }));
       return ok({ ...result, session: agent.id });
     } catch (error) {
-      return refuse(error.code ?? 'error', error.message);
+      return refuseWith(error);
     }
   }
 
@@ -285,7 +288,7 @@ export class RewindfsService {
 function withTimeout(promise, ms, message) {
   let timer;
   const timeout = new Promise((_, reject) => {
-    timer = setTimeout(() => reject(new RewindfsCallError('timeout', message)), ms);
+    timer = setTimeout(() => reject(callError('timeout', message)), ms);
   });
   return Promise.race([promise, timeout]).finally(() => clearTimeout(timer));
 }

@@ -1,0 +1,92 @@
+"""An exception the CLI did not expect exits 2 ("could not run") with one line naming
+it, and the traceback only with ``-v``; never Python's default exit 1, which the
+contract reserves for "partial" (DESIGN: 0 done, 1 partial, 2 could not run, 3 usage).
+
+The first tests provoke it for real, as a user would, through the installed
+``rewindfs`` script: stdout is /dev/full, so printing the result raises
+``OSError(ENOSPC)``, an error no command handles.  The ``--json`` test with a working
+stdout cannot be provoked from outside (every input we tried is refused with a proper
+code), so it runs ``main()`` in-process with ``Store.open`` patched to raise.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rewindfs.overlay.cli import main
+from rewindfs.store import Store
+
+REWINDFS = Path(sys.executable).with_name("rewindfs")
+
+
+@pytest.fixture
+def store_dir(tmp_path):
+    path = tmp_path / "store"
+    Store.open(path).close()
+    return path
+
+
+def _run_to_full_disk(*args):
+    """``rewindfs ARGS > /dev/full``: every write to stdout fails with ENOSPC."""
+    assert REWINDFS.is_file(), f"the rewindfs script is not installed beside {sys.executable}"
+    with open("/dev/full", "w") as full:
+        return subprocess.run([str(REWINDFS), *map(os.fspath, args)], stdout=full,
+                              stderr=subprocess.PIPE, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("json_mode", [False, True], ids=["text", "json"])
+def test_unexpected_error_exits_2_with_one_line(store_dir, json_mode):
+    res = _run_to_full_disk(*(["--json"] if json_mode else []), "--store", store_dir, "fsck")
+    assert res.returncode == 2, res.stderr
+    assert res.stderr.splitlines() == [
+        "rewindfs: could not run: OSError: [Errno 28] No space left on device "
+        "(run with -v for the traceback)"], res.stderr
+
+
+def test_verbose_adds_the_traceback(store_dir):
+    res = _run_to_full_disk("-v", "--store", store_dir, "fsck")
+    assert res.returncode == 2, res.stderr
+    lines = res.stderr.splitlines()
+    assert lines[0] == "Traceback (most recent call last):", res.stderr
+    assert "OSError: [Errno 28] No space left on device" in lines
+    assert lines[-1] == "rewindfs: could not run: OSError: [Errno 28] No space left on device"
+
+
+def _boom(cls, *args, **kwargs):
+    raise KeyError("x")
+
+
+def test_json_mode_reports_one_error_record(store_dir, monkeypatch, capsys):
+    monkeypatch.setattr(Store, "open", classmethod(_boom))
+    assert main(["--json", "--store", str(store_dir), "fsck"]) == 2
+    captured = capsys.readouterr()
+    records = [json.loads(line) for line in captured.out.splitlines()]
+    assert records == [{"v": 1, "type": "error", "code": "internal",
+                        "message": "could not run: KeyError: 'x'", "exit_code": 2}]
+    assert captured.err == ""
+
+
+def test_text_mode_in_process(store_dir, monkeypatch, capsys):
+    monkeypatch.setattr(Store, "open", classmethod(_boom))
+    assert main(["--store", str(store_dir), "fsck"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == ("rewindfs: could not run: KeyError: 'x' "
+                            "(run with -v for the traceback)\n")
+
+
+def test_expected_errors_keep_their_own_exit_code(tmp_path):
+    """The safety net is not in the way of a RewindfsError: a store that does not exist
+    is a ``store-error`` (2) and a bad option a usage error (3), as before."""
+    res = subprocess.run([str(REWINDFS), "--json", "--store", str(tmp_path / "none"), "fsck"],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2
+    assert json.loads(res.stdout)["code"] == "store-error"
+    res = subprocess.run([str(REWINDFS), "--json", "fsck", "--no-such-option"],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 3
+    assert json.loads(res.stdout)["code"] == "usage"
