@@ -3,10 +3,10 @@
 
 Benchmark-only (scripts/bench.py targets ``floor-ours`` and ``floor-min``); never part
 of a rewindfs mount.  Both modes serve SRC at MNT with exactly what the rewindfs daemon
-gives the kernel — the same mount options (``overlay._daemon._mount_options``), entry
-and attribute timeouts (``overlay._fs.CACHE_TIMEOUT``), ``keep_cache`` on every open,
+gives the kernel — the same mount options (``overlay.fs.session.mount_options``), entry
+and attribute timeouts (``overlay.fs.ops.CACHE_TIMEOUT``), ``keep_cache`` on every open,
 the writeback cache (unless ``REWINDFS_WRITEBACK=0``, as for the daemon), FLUSH answered
-``ENOSYS``, negative entries cached, and the same request loop (``overlay._fastloop``,
+``ENOSYS``, negative entries cached, and the same request loop (``overlay.fs.fastwait``,
 one reader task) — and nothing else: no store, no capture, no control socket.
 
     bench_floor_fs.py ours SRC MNT   rewindfs's own RewindOperations, capture a no-op
@@ -34,8 +34,9 @@ import pyfuse3  # noqa: E402
 import trio  # noqa: E402
 from pyfuse3 import FUSEError  # noqa: E402
 
-from rewindfs.overlay import _fastloop  # noqa: E402
-from rewindfs.overlay.daemon import _mount_options, writeback_default  # noqa: E402
+from rewindfs.overlay.fs import fastwait  # noqa: E402
+from rewindfs.overlay.daemon import writeback_default  # noqa: E402
+from rewindfs.overlay.fs.session import mount_options  # noqa: E402
 from rewindfs.overlay.fs.ops import CACHE_TIMEOUT, RewindOperations  # noqa: E402
 
 
@@ -338,7 +339,7 @@ def count_requests(fs, dump_path: str) -> None:
 
 
 async def _serve() -> None:
-    _fastloop.install()
+    fastwait.install()
     await pyfuse3.main(min_tasks=1, max_tasks=1)
 
 
@@ -353,7 +354,7 @@ def main(argv: list[str]) -> int:
         fs = OursNoCapture(root_fd, _NoStore(), 0, writeback=writeback)
     else:
         fs = MinimalOps(os.fsencode(src), writeback)
-    opts = {o for o in _mount_options() if not o.startswith(("fsname=", "subtype="))}
+    opts = {o for o in mount_options() if not o.startswith(("fsname=", "subtype="))}
     opts |= {f"fsname=floor-{mode}", f"subtype=floor-{mode}"}
     if os.environ.get("FLOOR_COUNT_FILE"):
         count_requests(fs, os.environ["FLOOR_COUNT_FILE"])

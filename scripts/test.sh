@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# The test command: the whole suite — the dsh plugin's JS unit tests, then pytest
-# (store, real FUSE mounts, restore, reliability, the real dsh harness end to end).
+# The test command: the whole suite — the dsh plugin's JS unit tests, then pytest over
+# tests/unit (no FUSE: store, capture, restore, protocol, client), tests/mount (real
+# FUSE mounts, the reliability suite) and tests/e2e (the real dsh harness end to end).
 # Installs what is missing first (.venv, the pinned harness in .dsh/), so it works
-# on a fresh machine.  Extra arguments go to pytest.
+# on a fresh machine.  Extra arguments go to pytest, e.g. -m "not mount" for the tier
+# that needs no /dev/fuse, or a directory such as tests/unit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -x .venv/bin/pytest ] || bash scripts/setup.sh

@@ -7,7 +7,7 @@ and in ``finally`` unmounts with ``rewindfs unmount`` (falling back to ``fusermo
 (daemon hung) does it detach lazily and kill *its own* daemon by pid — and then the
 test fails.  Waiting is bounded by generous deadlines, never asserted on.
 
-    from tests.mountkit import mounted
+    from mountkit import mounted
     with mounted(tmp_path / "ws", tmp_path / "store") as m:
         (m.ws / "f").write_text("x")
         m.call("turn.begin", session="s", turn=1, label="l")

@@ -1,4 +1,4 @@
-"""Helpers for the reliability suite (``tests/test_rel_*.py``); holds no tests.
+"""Helpers for the reliability suite (``tests/*/test_rel_*.py``); holds no tests.
 
 ``Daemon`` runs ``rewindfs mount --foreground`` as *our* subprocess so a test can SIGKILL
 it by pid; ``background_mount`` runs ``rewindfs mount [--recover]`` (a forked daemon

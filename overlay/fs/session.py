@@ -20,12 +20,12 @@ from rewindfs.overlay.fs import fastwait
 
 log = logging.getLogger(__name__)
 
-__all__ = ["mount", "serve", "unmount"]
+__all__ = ["mount", "mount_options", "serve", "unmount"]
 
 _BACKOFF_S = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0)
 
 
-def _mount_options() -> set[str]:
+def mount_options() -> set[str]:
     opts = set(pyfuse3.default_options) | {"fsname=rewindfs", "subtype=rewindfs"}
     if os.geteuid() == 0:
         opts.add("allow_other")  # the workspace's owner may not be root
@@ -35,7 +35,7 @@ def _mount_options() -> set[str]:
 def mount(ops, mountpoint: bytes) -> None:
     """Mount *ops* (``fs.ops.RewindOperations``) over *mountpoint*; ``RuntimeError`` if
     the kernel refuses."""
-    pyfuse3.init(ops, os.fsdecode(mountpoint), _mount_options())
+    pyfuse3.init(ops, os.fsdecode(mountpoint), mount_options())
 
 
 def unmount() -> None:

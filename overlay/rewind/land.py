@@ -18,7 +18,7 @@ workspace.  Contracts:
   A second test hook, ``REWINDFS_PAUSE_AFTER=k`` with ``REWINDFS_PAUSE_FILE=path``,
   pauses the landing once per process right after its k-th change: it creates
   ``path`` and waits (at most 120 s) until the test removes it — the race tests use it
-  to act through the mount in the middle of a rewind (tests/test_rel_rewind_race.py).
+  to act through the mount in the middle of a rewind (tests/mount/test_rel_rewind_race.py).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """``Store.sync()``: pre-images are forced to disk only when some are pending.
 
-The power-cut test (tests/test_rel_powercut.py) proves that what ``sync()`` writes is
+The power-cut test (tests/mount/test_rel_powercut.py) proves that what ``sync()`` writes is
 on the disk; these tests pin down *when* it writes, which is what keeps an ``fsync``
 through the mount cheap: a commit (from any thread) makes the store pending, a sync or
 ``flush()`` clears it, and reads never make it pending.

@@ -20,7 +20,6 @@ pytestmark = pytest.mark.mount
 
 
 def test_rewind_through_the_socket_is_visible_at_once(tmp_path):
-    pytest.importorskip("rewindfs.overlay.control.rewind_methods")
     ws, store = tmp_path / "ws", tmp_path / "store"
     ws.mkdir()
     (ws / "f").write_text("one")

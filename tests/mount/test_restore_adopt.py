@@ -23,7 +23,7 @@ from restorekit import History, open_history
 from rewindfs.store import Store
 from store_fixtures import assert_sound
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 SIZE = 3 << 20 | 12345
 
 

@@ -21,7 +21,7 @@ from rewindfs.store import Store
 from store_fixtures import assert_sound
 from treesnap import compare, snapshot
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 BIG = 300 << 10     # above the store's inline limit: a blob file, several chunks
 
 CHILD = textwrap.dedent("""

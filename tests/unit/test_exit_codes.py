@@ -13,7 +13,7 @@ import rewindfs.plugin  # noqa: F401
 from rewindfs import store
 from rewindfs.store._errors import EXIT_COULD_NOT_RUN, EXIT_PARTIAL, EXIT_USAGE, all_error_classes
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+README = Path(__file__).resolve().parents[2] / "README.md"
 
 
 def readme_exit_codes() -> dict[int, str]:

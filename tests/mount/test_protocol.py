@@ -12,8 +12,7 @@ import pytest
 
 from mountkit import mounted
 from rewindfs.overlay.control.client import call
-from rewindfs.overlay.control.wire import parse_request
-from rewindfs.overlay.errors import BadParams, BadVersion, UnknownMethod
+from rewindfs.overlay.errors import BadParams, UnknownMethod
 from rewindfs.store._errors import RewindfsError
 
 pytestmark = pytest.mark.mount
@@ -188,10 +187,3 @@ def test_client_raises_typed_errors(m):
     with pytest.raises(BadParams) as exc:
         call(m.socket, "turn.begin", {"session": "s", "turn": "3"})
     assert exc.value.exit_code == 3
-
-
-def test_parse_request_unit():
-    assert parse_request(b'{"v":1,"id":3,"method":"m"}') == (3, "m", {})
-    with pytest.raises(BadVersion) as exc:
-        parse_request(b'{"v":9,"id":4,"method":"m"}')
-    assert exc.value.request_id == 4
