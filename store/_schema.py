@@ -306,3 +306,13 @@ def _upgrade(txn, dbs: dict) -> None:
             if name == "meta" and key == b"schema" or is_sealed(key, raw):
                 continue
             cur.put(key, seal(key, bytes(raw)))
+
+
+def workspace_paths(txn, db) -> list[tuple[int, bytes]]:
+    """(id, real path) of every workspace, each verified (``IndexCorrupt``)."""
+    out = []
+    for key, raw in txn.cursor(db=db["ws_paths"]):
+        path = unseal("ws_paths", key, raw)
+        with decoding("ws_paths", key):
+            out.append((read_u32(key), path))
+    return out

@@ -30,6 +30,7 @@ from ._blob import BlobArea
 from ._errors import StoreError
 from ._location import check_outside, is_inside
 from ._preimage import PreImage, check_relpath
+from ._usage import usage
 
 log = logging.getLogger(__name__)
 
@@ -153,7 +154,7 @@ class Store:
 
     def workspaces(self) -> list[tuple[int, bytes]]:
         with self._r() as txn:
-            return workspace_paths(txn, self._db)
+            return S.workspace_paths(txn, self._db)
 
     def workspace_containing(self, real_path) -> tuple[int, bytes] | None:
         """``(id, root)`` of the innermost known workspace that is ``real_path`` or
@@ -418,7 +419,6 @@ class Store:
 
     def usage(self, ws=None) -> dict:
         """Store usage: on disk, and per workspace and session (see ``_usage``)."""
-        from ._usage import usage
         self._check_usable()
         return usage(self, ws)
 
@@ -447,16 +447,6 @@ def _workspace_id(txn, db, hkey: bytes, real_path: bytes) -> int | None:
         if recorded != real_path or not isinstance(ws, int):
             raise ValueError("another path or no id")
         return ws
-
-
-def workspace_paths(txn, db) -> list[tuple[int, bytes]]:
-    """(id, real path) of every workspace, each verified (``IndexCorrupt``)."""
-    out = []
-    for key, raw in txn.cursor(db=db["ws_paths"]):
-        path = S.unseal("ws_paths", key, raw)
-        with S.decoding("ws_paths", key):
-            out.append((S.read_u32(key), path))
-    return out
 
 
 def _check_paths(paths):

@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 
 from . import _epoch, _gc
-from ._store import workspace_paths
+from ._schema import workspace_paths
 
 NO_SESSION = "(none)"
 
