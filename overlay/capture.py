@@ -7,7 +7,7 @@ own pre-images in the rewind epoch.
 Guarantees:
 
 - Nothing is followed: the path is resolved under the root fd with ``O_NOFOLLOW``
-  components (``_resolve``), the final entry is ``lstat``-ed, a regular file is opened
+  components (``tree.walk``), the final entry is ``lstat``-ed, a regular file is opened
   ``O_NOFOLLOW`` and checked to be the inode that was stat-ed.
 - ``capture`` returns only after ``store.record`` committed (one LMDB write txn for
   all paths), so when it returns the caller may mutate.  If it raises, nothing of the
@@ -241,7 +241,7 @@ def capture_images(root_fd: int, store, ws: int, epoch_id: int, relpaths, *,
     one committed ``store.record``; raises with nothing recorded), but returns
     ``{path: image}`` of the paths newly recorded, in order, so the caller can judge
     their state without looking again.  ``parent_at(relpath)`` returns ``(dir_fd,
-    name)`` with a *borrowed* fd (``_resolve.DirCache.parent``), not closed here.
+    name)`` with a *borrowed* fd (``tree.walk.DirCache.parent``), not closed here.
 
     File contents go into the store in batches (``_ContentBatch``), all before the
     record: a rewind of 10,000 small files makes a few dozen blob commits, not 10,000.

@@ -2,7 +2,7 @@
 
 ``History`` mutates a real directory with ordinary syscalls and, before each mutation,
 captures the paths it changes into the current epoch with the real
-``overlay._capture.capture`` — exactly the write-ahead the FUSE layer performs — so the
+``overlay.capture.capture`` — exactly the write-ahead the FUSE layer performs — so the
 store's journal is what a mount would have recorded.
 """
 

@@ -2,8 +2,8 @@
 
 Subcommands come from two modules, each with ``register(subparsers)`` (adds its
 parsers, each setting ``command=<name>``) and ``HANDLERS`` (name → ``handler(args, out)
--> int``): ``overlay._cli_mount`` (mount, unmount, run, turn begin|end, status, fsck)
-and, when present, ``overlay._cli_rewind`` (log, rewind, redo, diff, show, gc).
+-> int``): ``overlay.cli.mount`` (mount, unmount, run, turn begin|end, status, fsck)
+and, when present, ``overlay.cli.rewind`` (log, rewind, redo, diff, show, gc).
 
 Exit codes are made here and only here (DESIGN): a handler's return value, or
 ``RewindfsError.exit_code`` for an error (0 done, 1 partial, 2 could not run, 3 usage;

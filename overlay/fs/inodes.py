@@ -12,12 +12,12 @@ of a write through a hard-linked file records all of them.  Directories keep an
 
 Directory fds are a bounded cache, not one fd per known directory: the kernel keeps
 every inode it looked up (a ``find`` over the workspace: thousands) and an fd per inode
-ran the daemon out of fds.  At most ``limit`` fds stay open (``_fdbudget``: a quarter
+ran the daemon out of fds.  At most ``limit`` fds stay open (``tree.fdbudget``: a quarter
 of ``RLIMIT_NOFILE``), least recently used first out.  An fd handed out is *borrowed*
 until the current FUSE request ends: every handler starts with ``begin_request()``, and
 an fd used since then is never closed by eviction or ``shed()`` (LRU order makes those
 a suffix of the cache).  When no room can be made, ``dir_fd`` answers None and the
-caller walks from the root with an fd of its own (``_resolve.open_parent``), as for a
+caller walks from the root with an fd of its own (``tree.walk.open_parent``), as for a
 directory the table does not know.
 
 Only the trio thread touches the table (no locking).

@@ -3,7 +3,7 @@
 The daemon opens the workspace directory *before* mounting over it, so every real file
 is reached through that fd with ``*at`` calls (``O_NOFOLLOW`` on final components;
 intermediate directories are reached through cached ``O_PATH`` fds or a
-``_resolve.open_parent`` walk, never by following a symlink).
+``tree.walk.open_parent`` walk, never by following a symlink).
 
 Write-ahead (DESIGN invariant 1): every handler that changes the tree first calls
 ``self._guard(...)`` for every path the change affects, which commits the pre-images
@@ -35,7 +35,7 @@ Hard links (invariants 1 and 13): a change to a regular file with ``st_nlink > 1
 first captures every name of its inode — the names the table knows and, when those are
 fewer than the link count, the names a per-mount ``InodeIndex`` finds (one lazy walk of
 the tree, then kept current by ``link``/``unlink``/``rename``, dropped after a rewind
-lands; the argument is in ``_restore_links``).  Names made before the mount are names
+lands; the argument is in ``rewind.links``).  Names made before the mount are names
 the daemon never saw, so the table alone cannot be enough.
 
 Handlers are thin: they translate FUSE ↔ syscalls and raise ``FUSEError`` only; the
@@ -819,7 +819,7 @@ class RewindOperations(pyfuse3.Operations):
         ``EBUSY`` while a name resolves to that inode.  False: a writable handle is open
         (or a mapping keeps one); nothing is fenced.  The restore engine fences an inode
         it adopts as a blob until the inode has no workspace name left
-        (``_restore_adopt``).  Runs on the trio thread, like every handler, so no
+        (``rewind.adopt``).  Runs on the trio thread, like every handler, so no
         request interleaves with the check."""
         for fd in self.handles:
             if (fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE != os.O_RDONLY
@@ -906,7 +906,7 @@ class RewindOperations(pyfuse3.Operations):
     def invalidate(self, relpath: bytes) -> None:
         """Forget kernel caches for *relpath*: its inode (attrs + data), its entry, and
         its parent's attributes.  Call on the trio thread after the real path changed
-        behind the kernel's back.  Never blocks (``_notify``); the table drops the name
+        behind the kernel's back.  Never blocks (``fs.notify``); the table drops the name
         if it now names another inode.  ``invalidations_settled()`` waits for delivery.
         """
         self.invalidate_many([relpath])

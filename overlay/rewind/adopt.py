@@ -50,7 +50,7 @@ log = logging.getLogger(__name__)
 
 
 class Adopter:
-    """``put_file`` for ``_capture.capture_images`` during one rewind run."""
+    """``put_file`` for ``capture.capture_images`` during one rewind run."""
 
     def __init__(self, store, writers=None, replaced=()):
         self.store = store

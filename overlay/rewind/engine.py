@@ -11,7 +11,7 @@ Contracts (DESIGN invariants 3–6, 11):
   same targets (the rewind epoch only touches paths the plan already touched).
 - Write-ahead: every path about to change — with its parent directory and the other
   names of a multiply-linked inode — is captured into the rewind epoch
-  (``_capture.capture_images``: paths and parents in one commit, those other names in
+  (``capture.capture_images``: paths and parents in one commit, those other names in
   a second) before the first change, so the epoch records the tree exactly as the
   rewind found it; every rewind is itself a point, and redo is "rewind to the start of
   the newest rewind epoch".  Those pre-images are made durable (``store.sync()``)
@@ -19,7 +19,7 @@ Contracts (DESIGN invariants 3–6, 11):
   for any captured late (invariant 12): a power cut never keeps a landed change
   without the state it replaced.  The images taken then also decide whether a plain file
   needs landing (no second look).
-- Paths are resolved under ``root_fd`` only (``_resolve.DirCache``: each directory
+- Paths are resolved under ``root_fd`` only (``tree.walk.DirCache``: each directory
   opened once per run by an ``O_NOFOLLOW`` walk, forgotten when the run removes it): a
   symlinked component fails that path with ``path-escape``; nothing is written outside
   the workspace (invariant 4).  Except: a symlink standing where the plan puts a
@@ -42,13 +42,13 @@ Contracts (DESIGN invariants 3–6, 11):
   (``.rewindfs~…``) that reached a journal are never planned or landed.
 - Large files: with a daemon's write fence (``writers``) the pre-image of a large plain
   file the run replaces is the file's own inode, adopted by the store instead of copied
-  (``_restore_adopt``: fenced against writers until its workspace name is gone; any
+  (``rewind.adopt``: fenced against writers until its workspace name is gone; any
   adopted blob still named in the tree after the landings gets a private copy;
   ``recover`` does the same for an interrupted run).
 
 Blocking and synchronous; the daemon runs it in a worker thread.  Test hook:
 ``REWINDFS_FAULT_AFTER=k`` SIGKILLs the process after its k-th change (see
-``_restore_land``).
+``rewind.land``).
 """
 
 from __future__ import annotations
@@ -462,7 +462,7 @@ def apply_plan(root_fd: int, store, ws: int, plan, *, session: str | None,
     opens and right after it closes (the filesystem re-reads its current epoch).
     ``writers`` (the daemon: ``fence_writes``/``unfence_writes``) lets the run adopt a
     large file it replaces as its pre-image blob instead of copying it
-    (``_restore_adopt``); without it every pre-image is a copy.  ``fence`` (the
+    (``rewind.adopt``); without it every pre-image is a copy.  ``fence`` (the
     daemon: ``fence_rewind``/``unfence_rewind``) refuses changes through the mount to
     the plan's paths while the run lands them (invariant 14); without it (an unmounted
     workspace) there is no mount to fence.  See the module contract for ordering."""
@@ -564,7 +564,7 @@ def _inode_of(dirs: DirCache, path: bytes) -> tuple[int, int] | None:
 
 
 def _settle_adopted(run: _Run, result: RestoreResult) -> None:
-    """After landing: no adopted blob may keep a name in the tree (``_restore_adopt``)."""
+    """After landing: no adopted blob may keep a name in the tree (``rewind.adopt``)."""
     if run.adopter is None:
         return
     for path, exc in run.adopter.settle():

@@ -1,7 +1,7 @@
 """Landing primitives of the restore engine: put one path into its target state.
 
 Everything here works on a directory fd and a single name inside it (from
-``_resolve.open_parent``), never on a path string, so nothing is followed out of the
+``tree.walk.open_parent``), never on a path string, so nothing is followed out of the
 workspace.  Contracts:
 
 - A file, symlink or fifo lands **atomically**: it is built under a unique temp name in

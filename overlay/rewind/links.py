@@ -5,7 +5,7 @@ deleted after the point was touched, its surviving twin was not.  Three things n
 other names, and all are rare, so the index is built lazily by one walk of the tree
 (under the root fd, never following symlinks, skipping ignored paths):
 
-- the filesystem (``_fs``), before a change reaches a hard-linked inode through one
+- the filesystem (``fs.ops``), before a change reaches a hard-linked inode through one
   name: every other name of it is captured too (DESIGN invariants 1 and 13).  The mount
   is an overmount, so the daemon knows only the names the kernel looked up; a file
   linked before mounting and written through one name has names it never saw.  Finding

@@ -9,9 +9,9 @@ bound itself — files and directories the workspace's users hold open through t
 
 | cache | share | at most |
 |---|---|---|
-| the inode table's directory fds (``_inodes.InodeTable``, LRU) | 1/4 | 4096 |
-| a restore run's directory fds (``_resolve.DirCache``) | 1/4 | 4096 |
-| a restore run's batch of files to store (``_capture._ContentBatch``) | 1/16 | 256 |
+| the inode table's directory fds (``fs.inodes.InodeTable``, LRU) | 1/4 | 4096 |
+| a restore run's directory fds (``tree.walk.DirCache``) | 1/4 | 4096 |
+| a restore run's batch of files to store (``capture._ContentBatch``) | 1/16 | 256 |
 
 The inode table and a restore run can be busy at the same time (a rewind runs in a
 worker thread while FUSE requests are served), hence the sum.  When fds run out anyway

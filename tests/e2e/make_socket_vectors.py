@@ -1,7 +1,7 @@
 """Generate ``socket_path_vectors.json`` with the standard library's SHA-256.
 
 The vectors pin the control socket's path function (docs/architecture.md) for every
-implementation: ``overlay/_paths.py`` (the daemon), ``plugin/_paths.py`` and
+implementation: ``overlay/places.py`` (the daemon), ``plugin/_paths.py`` and
 ``plugin/dsh/lib/paths.js``.  Run ``python tests/e2e/make_socket_vectors.py`` to
 rewrite the file; ``test_socket_path_vectors.py`` checks it is what this prints.
 """

@@ -1,7 +1,7 @@
 """One control-socket path function, three implementations, the same vectors.
 
 The vectors file is what ``make_socket_vectors.py`` prints (SHA-256 from ``hashlib``);
-the daemon's ``overlay._paths.control_socket_path``, the Python client's and the JS
+the daemon's ``overlay.places.control_socket_path``, the Python client's and the JS
 plugin's (``node --test plugin/dsh/test``, ``node:crypto``) must all reproduce it.  One
 vector is also pinned here as a literal computed with coreutils' ``sha256sum``, so the
 generator itself is checked against a third SHA-256.

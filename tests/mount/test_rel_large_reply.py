@@ -9,7 +9,7 @@ client frames lines in linear time.  What must hold:
 - the framing searches each byte for a newline once, however the bytes are split (a
   count, not a time);
 - a 40 MB file shown through the daemon — at a stored point and as it is now — comes
-  back byte-exact through each Python client (``overlay._protocol.call`` as the CLI uses
+  back byte-exact through each Python client (``overlay.control.wire.call`` as the CLI uses
   it, ``rewindfs show`` raw and ``--json``, ``plugin.Client``, ``plugin.TrioClient``);
 - showing a 100 MB file raises the daemon's peak RSS (``VmHWM``, reset before through
   ``/proc/PID/clear_refs``) by less than 64 MB;

@@ -2,7 +2,7 @@
 DESIGN invariant 14: no acknowledged write is ever lost).
 
 The landing is paused deterministically after its k-th change by the test hook
-``REWINDFS_PAUSE_AFTER=k`` / ``REWINDFS_PAUSE_FILE`` (``overlay/_restore_land.py``):
+``REWINDFS_PAUSE_AFTER=k`` / ``REWINDFS_PAUSE_FILE`` (``overlay/rewind/land.py``):
 some files are staged under ``.rewindfs~`` temp names, none renamed into place yet.
 While it waits, the test acts through the mount like an agent would, then lets it go
 on.  A change the rewind is about to overwrite must either be refused with an errno

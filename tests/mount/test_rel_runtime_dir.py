@@ -11,7 +11,7 @@ through the path function.  What must hold:
   before anything is written (no log, no socket, no store, nothing mounted);
 - a symlink planted at the daemon's log path is never followed (its target unchanged);
 - a socket owned by another uid, or answered by a process of another uid, is refused
-  by every client (``overlay._protocol.call``, the CLI, ``plugin.Client``,
+  by every client (``overlay.control.wire.call``, the CLI, ``plugin.Client``,
   ``plugin.TrioClient``; the JS client in plugin/dsh/test/client.test.js) before a
   single byte is sent.
 """

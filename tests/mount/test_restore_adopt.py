@@ -1,5 +1,5 @@
 """A rewind adopts a large file it replaces as its own pre-image blob (no copy) — and
-copies instead whenever adopting would not be safe (overlay/_restore_adopt.py).
+copies instead whenever adopting would not be safe (overlay/rewind/adopt.py).
 
 Files of a few MiB: above the store's inline limit (1 MiB), so each is a blob file.
 Every test ends with the store's own fsck, which also reports a blob file that still

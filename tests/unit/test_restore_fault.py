@@ -1,5 +1,5 @@
 """Crash safety of a rewind: the rewinding process SIGKILLs itself after its k-th change
-(``REWINDFS_FAULT_AFTER=k``, the test hook in ``overlay._restore_land``).  Afterwards
+(``REWINDFS_FAULT_AFTER=k``, the test hook in ``overlay.rewind.land``).  Afterwards
 every file is its old or its new version — never torn — ``recover`` finishes the
 rewind from its intent, and a second rewind (the redo) works.
 """
