@@ -21,6 +21,7 @@ import sys
 
 from rewindfs.store._errors import InternalError, RewindfsError
 
+from rewindfs.overlay.cli import mount, options, rewind
 from rewindfs.overlay.errors import UsageError
 
 __all__ = ["Output", "main"]
@@ -92,14 +93,12 @@ def build_parser():
                         "$XDG_DATA_HOME/rewindfs or ~/.local/share/rewindfs)")
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug output")
     parser.add_argument("--version", action="version", version=f"rewindfs {_version()}")
+    parser.set_defaults(**options.DEFAULTS)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     table = {}
-    from rewindfs.overlay.cli import mount
-    mount.register(sub)
-    table.update(mount.HANDLERS)
-    from rewindfs.overlay.cli import rewind
-    rewind.register(sub)
-    table.update(rewind.HANDLERS)
+    for group in (mount, rewind):    # one module per command group
+        group.register(sub)
+        table.update(group.HANDLERS)
     return parser, table
 
 

@@ -19,6 +19,7 @@ import time
 from rewindfs.store._errors import RewindfsError
 
 from rewindfs.overlay import daemon
+from rewindfs.overlay.cli import options
 from rewindfs.overlay.control import client, wire
 from rewindfs.overlay.cli.render import human_bytes
 from rewindfs.overlay.places import (check_workspace, control_socket_path, find_rewindfs_mount,
@@ -50,11 +51,11 @@ def find_daemon(start, store_path) -> tuple[bytes, bytes]:
 def call_daemon(args, method: str, params=None, *, on_event=None) -> dict:
     """Send one request to the daemon of ``args.workspace`` (default: the cwd's)."""
     store = resolve_store_path(args.store)
-    _, sock = find_daemon(getattr(args, "workspace", None) or ".", store)
+    _, sock = find_daemon(args.workspace or ".", store)
     try:
         return client.call(sock, method, params or {}, on_event=on_event)
     except (ConnectionRefusedError, FileNotFoundError):
-        raise NotMounted(path=os.fsdecode(getattr(args, "workspace", None) or os.getcwd())) from None
+        raise NotMounted(path=os.fsdecode(args.workspace or os.getcwd())) from None
 
 
 def _log_path(store, real: bytes) -> bytes:
@@ -223,7 +224,7 @@ def _offline_status(args) -> dict:
     """Status of an unmounted workspace, straight from the store (read-only)."""
     from rewindfs.store import Store, StoreError
 
-    start = os.path.realpath(os.fsencode(getattr(args, "workspace", None) or "."))
+    start = os.path.realpath(os.fsencode(args.workspace or "."))
     try:
         store = Store.open(resolve_store_path(args.store), create=False)
     except StoreError:
@@ -311,13 +312,6 @@ HANDLERS = {
 }
 
 
-def _common(p) -> None:
-    """``--json``/``--store`` also after the subcommand (the global ones stay default)."""
-    p.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
-                   help="print JSON Lines")
-    p.add_argument("--store", metavar="PATH", default=argparse.SUPPRESS, help="store path")
-
-
 def register(sub) -> None:
     """Add this module's subcommands to the ``rewindfs`` parser."""
     p = sub.add_parser("mount", help="mount the FUSE overlay over DIR")
@@ -326,18 +320,18 @@ def register(sub) -> None:
     p.add_argument("--recover", action="store_true",
                    help="detach a stale mount left by a dead daemon first")
     p.add_argument("--writeback", action="store_true", help=argparse.SUPPRESS)
-    _common(p)
+    options.common(p)
     p.set_defaults(command="mount")
 
     p = sub.add_parser("unmount", help="unmount DIR cleanly")
     p.add_argument("dir", metavar="DIR")
-    _common(p)
+    options.common(p)
     p.set_defaults(command="unmount")
 
     p = sub.add_parser("run", help="mount, run CMD inside, unmount; exit with CMD's code")
     p.add_argument("--dir", metavar="DIR", help="workspace (default: the current directory)")
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="CMD")
-    _common(p)
+    options.common(p)
     p.set_defaults(command="run")
 
     turn = sub.add_parser("turn", help="mark turn boundaries")
@@ -350,20 +344,17 @@ def register(sub) -> None:
     p.add_argument("--label", default="")
     p.add_argument("--force", action="store_true",
                    help="close another session's open turn (refused otherwise)")
-    p.add_argument("-C", dest="workspace", metavar="DIR")
-    _common(p)
+    options.workspace(p)
     p.set_defaults(command="turn.begin")
     p = tsub.add_parser("end", help="end the open turn")
     p.add_argument("--session")
-    p.add_argument("-C", dest="workspace", metavar="DIR")
-    _common(p)
+    options.workspace(p)
     p.set_defaults(command="turn.end")
 
     p = sub.add_parser("status", help="show the daemon serving this workspace")
-    p.add_argument("-C", dest="workspace", metavar="DIR")
-    _common(p)
+    options.workspace(p)
     p.set_defaults(command="status")
 
     p = sub.add_parser("fsck", help="check the store's consistency")
-    _common(p)
+    options.common(p)
     p.set_defaults(command="fsck")

@@ -21,6 +21,7 @@ from rewindfs.store import Store
 from rewindfs.store._errors import PathEscape, RewindfsError
 
 from rewindfs.overlay import errors
+from rewindfs.overlay.cli import options
 from rewindfs.overlay.cli import render as V
 from rewindfs.overlay.cli.mount import find_daemon
 from rewindfs.overlay.control import client
@@ -115,13 +116,13 @@ def _offline(store_path, start: bytes, out):
 
 
 def _start(args) -> str:
-    return getattr(args, "dir", None) or getattr(args, "workspace", None) or "."
+    return args.dir or args.workspace or "."
 
 
 def _rel_paths(args, root: bytes) -> list[str] | None:
     """``--path`` values (relative to the workspace dir given, else the cwd) → paths
     relative to the workspace root; one outside it is refused (exit 3)."""
-    if not getattr(args, "path", None):
+    if not args.path:
         return None
     base = os.path.realpath(os.fsencode(_start(args)))
     out = []
@@ -144,7 +145,7 @@ def cmd_log(args, out) -> int:
 
 def _rewind_like(args, out, method: str, params: dict) -> int:
     with open_workspace(args, out) as ws:
-        if getattr(args, "path", None):
+        if args.path:
             params["paths"] = _rel_paths(args, ws.root)
         view = V.RewindView(out, dry_run=args.dry_run)
         with view:
@@ -339,21 +340,12 @@ HANDLERS = {"log": cmd_log, "rewind": cmd_rewind, "redo": cmd_redo, "diff": cmd_
 
 # -- parsers ----------------------------------------------------------------------------
 
-def _where(p) -> None:
-    p.add_argument("-C", "--dir", dest="workspace", metavar="DIR",
-                   help="the workspace (default: the current directory)")
-    # Also accepted after the command name; SUPPRESS keeps the global value otherwise.
-    p.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
-                   help="print JSON Lines")
-    p.add_argument("--store", metavar="PATH", default=argparse.SUPPRESS, help="store path")
-
-
 def register(sub) -> None:
     """Add this module's subcommands to the ``rewindfs`` parser."""
     p = sub.add_parser("log", help="the history: epochs, turns, rewinds (newest last)")
     p.add_argument("dir", nargs="?", metavar="DIR")
     p.add_argument("--session", help="only the points of this session (with inherited ones)")
-    _where(p)
+    options.workspace(p)
     p.set_defaults(command="log")
 
     p = sub.add_parser("rewind", help="put the workspace back to the start of a turn/epoch")
@@ -374,14 +366,14 @@ def register(sub) -> None:
     p.add_argument("b", metavar="B", nargs="?")
     p.add_argument("--path", action="append", metavar="P")
     p.add_argument("--session")
-    _where(p)
+    options.workspace(p)
     p.set_defaults(command="diff", dir=None)
 
     p = sub.add_parser("show", help="print a file as it was at POINT")
     p.add_argument("point", metavar="POINT")
     p.add_argument("file", metavar="PATH")
     p.add_argument("--session")
-    _where(p)
+    options.workspace(p)
     p.set_defaults(command="show", dir=None)
 
     p = sub.add_parser("gc", help="drop old history and unreferenced blobs")
@@ -391,7 +383,7 @@ def register(sub) -> None:
     p.add_argument("--drop-redo", action="store_true",
                    help="let the policies drop history a pending redo needs")
     p.add_argument("--grace", type=float, default=3600.0, metavar="S", help=argparse.SUPPRESS)
-    _where(p)
+    options.workspace(p)
     p.set_defaults(command="gc", dir=None)
 
 
@@ -399,4 +391,4 @@ def _rewind_options(p) -> None:
     p.add_argument("--dry-run", action="store_true", help="print the plan, change nothing")
     p.add_argument("--session", metavar="S", help="the session whose turn numbers POINT uses")
     p.add_argument("--force", action="store_true", help="even while a turn is open")
-    _where(p)
+    options.workspace(p)

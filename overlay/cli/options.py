@@ -1,0 +1,29 @@
+"""Options several commands share, declared once.
+
+Every attribute a handler reads exists on every parsed namespace: the top parser sets
+the defaults (``DEFAULTS``), so handlers read ``args.workspace`` and never probe.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+__all__ = ["DEFAULTS", "common", "workspace"]
+
+# Attributes only some commands define: None unless the command sets them.
+DEFAULTS = {"workspace": None, "dir": None, "path": None}
+
+
+def common(p) -> None:
+    """``--json``/``--store`` also after the command name (SUPPRESS keeps the global
+    value when they are not repeated there)."""
+    p.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
+                   help="print JSON Lines")
+    p.add_argument("--store", metavar="PATH", default=argparse.SUPPRESS, help="store path")
+
+
+def workspace(p) -> None:
+    """``-C/--dir DIR``: the workspace (default: the current directory), plus ``common``."""
+    p.add_argument("-C", "--dir", dest="workspace", metavar="DIR",
+                   help="the workspace (default: the current directory)")
+    common(p)
