@@ -350,6 +350,7 @@ async def test_bad_json(d, line):
     ({"v": "1", "id": 7, "method": "status"}, 7),
     ({"v": 1.5, "id": "x", "method": "status"}, "x"),
     ({"v": None, "method": "status"}, None),
+    ({"v": True, "id": 8, "method": "status"}, 8),     # true == 1 in Python: not v1
 ])
 async def test_bad_version(d, msg, rid):
     before = d.state()
@@ -492,6 +493,34 @@ async def test_points_that_do_not_resolve(d, point, code):
     await d.refused("rewind", code, to=point, session="s")
     await d.refused("diff", code, a=point, session="s")
     await d.refused("show", code, point=point, path="f", session="s")
+
+
+@pytest.mark.parametrize("method, params", [
+    ("points", {"session": "s\0"}),
+    ("show", {"point": "t1", "path": "f", "session": "s\0"}),
+    ("diff", {"a": "t1", "session": "s\0"}),
+    ("rewind", {"to": "t1", "session": "s\0", "dry_run": True}),
+    ("rewind", {"to": 1, "session": "s\0"}),
+    ("turn.begin", {"session": "s\0", "turn": 2}),
+    ("fork", {"child": "c", "parent": "s\0", "boundary_turn": 1}),
+])
+async def test_a_session_name_with_nul_is_bad_session(d, method, params):
+    """Session names are stored NUL-terminated in the turn index, so a NUL inside one
+    is refused everywhere — also where the name is only read (it once reached the
+    index scan and came back as an ``internal`` error)."""
+    await d.put("f", b"x")
+    await d.call("turn.begin", session="s", turn=1, label="x")
+    await d.put("f", b"y")
+    await d.call("turn.end")
+    await d.refused(method, "bad-session", **params)
+
+
+@pytest.mark.parametrize("boundary", [2 ** 32, 2 ** 64, 2 ** 70])
+async def test_fork_boundary_beyond_any_turn_is_bad_session(d, boundary):
+    """Like ``turn.begin``'s turn number (below 2**32); from 2**64 up it once reached
+    the index encoder and came back as an ``internal`` error."""
+    await d.refused("fork", "bad-session", child="c", parent="p", boundary_turn=boundary)
+    assert await d.call("fork", child="c", parent="p", boundary_turn=2 ** 32 - 1) == {}
 
 
 async def test_redo_with_nothing_to_redo(d):
