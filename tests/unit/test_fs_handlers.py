@@ -769,3 +769,33 @@ async def test_a_refused_capture_fails_closed(t, monkeypatch, error, code):
     assert t.journal() == {} and t.fs.stats["capture_errors"] == len(calls)
     await t.put("f", b"later")                      # the store is back: it captures
     assert t.content(t.journal()[b"f"]) == b"original"
+
+
+async def test_create_with_o_excl_of_a_name_that_exists_is_eexist(t):
+    """The kernel sends CREATE when its dentry is negative; a name made behind it (a
+    process working in the bare directory under the mount) makes that dentry stale.
+    ``O_CREAT|O_EXCL`` must still fail then, as on the real filesystem — lock files
+    rely on it — instead of opening the existing file."""
+    t.write("lock", b"held by someone")
+    t.turn()
+    with pytest.raises(FUSEError) as exc:
+        await t.fs.create(ROOT, b"lock", 0o100644, os.O_WRONLY | os.O_CREAT | os.O_EXCL,
+                          REQ)
+    assert errno_of(exc) == errno.EEXIST
+    assert t.read("lock") == b"held by someone" and t.fs.handles == {}
+    info, _ = await t.fs.create(ROOT, b"lock", 0o100644, os.O_WRONLY | os.O_CREAT, REQ)
+    await t.fs.release(info.fh)                   # without O_EXCL: opens it, as open(2)
+    assert t.read("lock") == b"held by someone"
+
+
+async def test_readdir_skips_names_gone_since_opendir(t, monkeypatch):
+    for name in ("a", "b", "c"):
+        t.write(name, name)
+    listed = []
+    monkeypatch.setattr(pyfuse3, "readdir_reply",
+                        lambda token, name, attr, next_id: listed.append(name) or True)
+    fh = await t.fs.opendir(ROOT, REQ)
+    os.unlink(t.p("b"))
+    await t.fs.readdir(fh, 0, object())
+    await t.fs.releasedir(fh)
+    assert sorted(listed) == [b"a", b"c"]
