@@ -14,6 +14,8 @@ workspace exactly as they were.
 from __future__ import annotations
 
 import base64
+import errno
+import functools
 import json
 import os
 import stat
@@ -26,7 +28,7 @@ import trio.testing
 # Kits by today's names; the overlay modules by today's names (one line each to
 # rewrite after the move into wings).
 import store_fixtures
-from rewindfs.overlay import _protocol
+from rewindfs.overlay import _protocol, _restore_land
 from rewindfs.overlay._daemon import DaemonContext, _read_requests
 from rewindfs.overlay._fs import RewindOperations
 from rewindfs.store import Store
@@ -204,6 +206,16 @@ async def test_turn_begin_while_another_session_holds_a_turn(d):
     assert (await d.call("status"))["open_turn"]["session"] == "s2"
 
 
+async def test_turn_marks_are_idempotent_and_an_end_without_a_turn_is_a_no_op(d):
+    idle = (await d.call("turn.end"))["epoch"]
+    assert idle == d.store.current_epoch(d.ws).id and len(d.store.epochs(d.ws)) == 1
+    first = await d.call("turn.begin", session="s", turn=1, label="x")
+    again = await d.call("turn.begin", session="s", turn=1, label="x")
+    assert again == first and d.fs.epoch_id == first["epoch"]
+    nxt = await d.call("turn.begin", session="s", turn=2, label="y")   # closes turn 1
+    assert nxt["epoch"] > first["epoch"] and d.store.epoch(first["epoch"]).ended_ns
+
+
 async def test_points_per_session_and_fork(d):
     t1 = (await d.call("turn.begin", session="s1", turn=1, label="one"))["epoch"]
     await d.call("turn.end", session="s1")
@@ -251,6 +263,56 @@ async def test_rewind_dry_run_then_rewind_then_redo(d):
     redone = await d.call("redo", session="s")
     assert redone["exit_code"] == 0 and redone["target"] == res["epoch"]
     assert tree(d.root) == before
+
+
+async def test_a_turn_mark_waits_for_a_running_rewind_whose_paths_are_fenced(
+        d, tmp_path, monkeypatch):
+    """The landing is paused after its first change (the restore engine's test hook):
+    meanwhile the planned paths answer EBUSY through the filesystem, other paths do
+    not, and a turn mark waits for the rewind instead of closing its epoch."""
+    await d.put("f", b"f1")
+    await d.put("g", b"g1")
+    await d.put("free", b"x")          # unchanged since the point: not in the plan
+    t1 = (await d.call("turn.begin", session="s", turn=1, label="one"))["epoch"]
+    await d.put("f", b"f2")
+    await d.put("g", b"g2")
+    await d.call("turn.end", session="s")
+    pause = tmp_path / "paused"
+    monkeypatch.setenv("REWINDFS_PAUSE_AFTER", "1")
+    monkeypatch.setenv("REWINDFS_PAUSE_FILE", str(pause))
+    monkeypatch.setattr(_restore_land.FAULT, "paused", False)   # once per process
+    monkeypatch.setattr(_restore_land.FAULT, "_PAUSE_MAX_S", 5.0)
+    done = {}
+
+    async def run(name, method, **params):
+        done[name] = await d.request(method, **params)
+
+    with trio.fail_after(60):           # a hang fails the test instead of the session
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(functools.partial(run, "rewind", "rewind", to=t1))
+            while not pause.exists():
+                await trio.sleep(0.005)
+            rewind_epoch = d.fs.epoch_id
+            assert d.store.epoch(rewind_epoch).kind == "rewind"
+            for name in (b"f", b"g"):
+                ino = (await d.fs.lookup(ROOT, name, REQ)).st_ino
+                with pytest.raises(pyfuse3.FUSEError) as exc:
+                    await d.fs.open(ino, os.O_WRONLY, REQ)
+                assert exc.value.errno == errno.EBUSY
+            await d.put("free", b"y")                     # not in the plan
+            nursery.start_soon(functools.partial(run, "mark", "turn.begin",
+                                                 session="s", turn=2, label="two"))
+            await trio.testing.wait_all_tasks_blocked()
+            assert "mark" not in done and d.fs.epoch_id == rewind_epoch
+            pause.unlink()
+    reply, events = done["rewind"]
+    assert reply["ok"] is True and reply["result"]["exit_code"] == 0
+    assert reply["result"]["epoch"] == rewind_epoch
+    mark, _ = done["mark"]
+    assert mark["ok"] is True and mark["result"]["epoch"] > rewind_epoch
+    assert d.store.epoch(rewind_epoch).ended_ns is not None
+    assert tree(d.root) == {"f": b"f1", "g": b"g1", "free": b"y"}
+    assert d.fs.busy == set()                              # unfenced after landing
 
 
 async def test_rewind_refused_while_a_turn_is_open(d):
