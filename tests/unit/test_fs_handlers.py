@@ -799,3 +799,37 @@ async def test_readdir_skips_names_gone_since_opendir(t, monkeypatch):
     await t.fs.readdir(fh, 0, object())
     await t.fs.releasedir(fh)
     assert sorted(listed) == [b"a", b"c"]
+
+
+async def test_removing_or_renaming_rewindignore_reloads_the_rules(t):
+    t.write(".rewindignore", "*.tmp\n")
+    t.fs.reload_rules()
+    t.turn()
+    info, _ = await t.fs.create(ROOT, b"a.tmp", 0o100644, os.O_WRONLY, REQ)
+    await t.fs.release(info.fh)
+    assert t.journal() == {}
+    await t.fs.lookup(ROOT, b".rewindignore", REQ)
+    await t.fs.rename(ROOT, b".rewindignore", ROOT, b"old-rules", 0, REQ)
+    info, _ = await t.fs.create(ROOT, b"b.tmp", 0o100644, os.O_WRONLY, REQ)
+    await t.fs.release(info.fh)
+    assert t.journal()[b"b.tmp"].kind == "absent"
+    t.write(".rewindignore", "*.log\n")
+    t.fs.reload_rules()
+    await t.fs.lookup(ROOT, b".rewindignore", REQ)
+    await t.fs.unlink(ROOT, b".rewindignore", REQ)
+    info, _ = await t.fs.create(ROOT, b"c.log", 0o100644, os.O_WRONLY, REQ)
+    await t.fs.release(info.fh)
+    assert t.journal()[b"c.log"].kind == "absent"
+
+
+async def test_the_root_directory_itself_is_captured_before_it_changes(t):
+    os.chmod(t.root, 0o755)
+    os.setxattr(t.root, "user.r", b"1")
+    t.turn()
+    await t.fs.setattr(ROOT, attrs(st_mode=stat.S_IFDIR | 0o700), Fields(mode=True),
+                       None, REQ)
+    await t.fs.setxattr(ROOT, b"user.r", b"2", REQ)
+    image = t.journal()[b""]
+    assert (image.kind, image.mode, image.xattrs) == ("dir", 0o755, ((b"user.r", b"1"),))
+    assert stat.S_IMODE(os.stat(t.root).st_mode) == 0o700
+    assert os.getxattr(t.root, "user.r") == b"2"
