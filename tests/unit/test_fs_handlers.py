@@ -851,3 +851,20 @@ async def test_a_write_after_an_epoch_moved_behind_the_filesystem_is_captured(t)
     await t.put("f", b"c")                       # no capture: f counts as captured
     assert t.fs.epoch_id == other
     assert t.content(t.journal(other)[b"f"]) == b"b"
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "bug: create of a name that exists (O_CREAT|O_TRUNC, reached through a stale "
+    "negative dentry) captures that name only, not the other names of a multiply-"
+    "linked inode, and truncates them all (open with O_TRUNC does capture them)"))
+async def test_create_truncating_a_hard_linked_name_captures_every_name(t):
+    t.write("a", b"shared")
+    os.link(t.p("a"), t.p("b"))
+    t.turn()
+    info, _ = await t.fs.create(ROOT, b"a", 0o100644,
+                                os.O_WRONLY | os.O_CREAT | os.O_TRUNC, REQ)
+    await t.fs.release(info.fh)
+    assert t.read("b") == b""                         # the shared inode was truncated
+    j = t.journal()
+    assert t.content(j[b"a"]) == b"shared"
+    assert t.content(j[b"b"]) == b"shared"            # fails: b has no pre-image
