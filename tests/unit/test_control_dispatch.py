@@ -20,6 +20,8 @@ import json
 import os
 import stat
 
+import socket
+
 import pyfuse3
 import pytest
 import trio
@@ -28,8 +30,8 @@ import trio.testing
 # Kits by today's names; the overlay modules by today's names (one line each to
 # rewrite after the move into wings).
 import store_fixtures
-from rewindfs.overlay import _protocol, _restore_land
-from rewindfs.overlay._daemon import DaemonContext, _read_requests
+from rewindfs.overlay import _daemon, _protocol, _restore_land
+from rewindfs.overlay._daemon import DaemonContext, _read_requests, _serve_connection
 from rewindfs.overlay._fs import RewindOperations
 from rewindfs.store import Store
 
@@ -664,3 +666,70 @@ async def test_unmount_through_the_reader_sets_shutdown(d):
     replies = await converse(d, b'{"v":1,"id":1,"method":"unmount"}\n')
     assert replies == [{"v": 1, "id": 1, "ok": True, "result": {}}]
     assert d.ctx.shutdown.is_set()
+
+
+# -- one connection, over a socket pair (the peer uid needs a real socket) ----------
+
+def serve_pair():
+    """(client socket, server stream) of a connected Unix socket pair."""
+    a, b = trio.socket.socketpair()
+    return a, trio.SocketStream(b)
+
+
+async def recv_all(sock) -> list[dict]:
+    """Every line until the daemon closes.  A close with our request still unread in
+    its socket reaches us as a reset after the lines it sent (Unix sockets)."""
+    got = bytearray()
+    try:
+        while data := await sock.recv(1 << 20):
+            got += data
+    except ConnectionResetError:
+        pass
+    return [json.loads(x) for x in bytes(got).splitlines()]
+
+
+async def test_a_peer_of_another_uid_is_forbidden_before_any_request(d, monkeypatch):
+    monkeypatch.setattr(_daemon, "peer_uid", lambda sock: 4242)
+    client, server = serve_pair()
+    before = d.state()
+    with client:
+        await client.send(b'{"v":1,"id":1,"method":"turn.begin",'
+                          b'"params":{"session":"s","turn":1}}\n')
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_serve_connection, d.ctx, server)
+            replies = await recv_all(client)       # the daemon answers, then closes
+    assert replies == [{"v": 1, "id": None, "ok": False,
+                        "error": {"code": "forbidden", "message": replies[0]["error"][
+                            "message"]}}]
+    assert "4242" in replies[0]["error"]["message"]
+    assert d.state() == before
+
+
+async def test_our_own_uid_is_served_until_it_hangs_up(d):
+    client, server = serve_pair()
+    with client:
+        await client.send(b'{"v":1,"id":1,"method":"status"}\n'
+                          b'{"v":1,"id":2,"method":"points"}\n')
+        client.shutdown(socket.SHUT_WR)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_serve_connection, d.ctx, server)
+            replies = await recv_all(client)
+    assert [(r["id"], r["ok"]) for r in replies] == [(1, True), (2, True)]
+
+
+async def test_a_client_gone_mid_stream_costs_only_its_connection(d):
+    """``rewindfs show … | head``: the reader leaves while chunks are on their way;
+    the connection ends quietly and the daemon answers the next client."""
+    await d.put("big", os.urandom(4 << 20))
+    await d.call("status")             # anything a first request opens lazily, opened
+    fds = sorted(os.listdir("/proc/self/fd"))
+    client, server = serve_pair()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_serve_connection, d.ctx, server)
+        await client.send(b'{"v":1,"id":1,"method":"show",'
+                          b'"params":{"path":"big","stream":true}}\n')
+        first = await client.recv(1024)
+        assert first.startswith(b'{"v": 1, "id": 1, "event"')
+        client.close()                             # gone without reading the rest
+    assert sorted(os.listdir("/proc/self/fd")) == fds     # the content was closed too
+    assert (await d.call("status"))["mounted"] is True
