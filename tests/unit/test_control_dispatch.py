@@ -18,9 +18,8 @@ import errno
 import functools
 import json
 import os
-import stat
-
 import socket
+import stat
 
 import pyfuse3
 import pytest
@@ -119,8 +118,9 @@ class Daemon:
         return reply["error"]
 
     def state(self):
-        """Everything a request could change: epochs, sessions' points, journals,
-        blobs, the intent, and the real tree (names, kinds, contents)."""
+        """Everything a request could change: the epochs, their journals, the entry
+        count of every index database (sessions, turns, blobs, …), the intent, the
+        filesystem's epoch, and the real tree (names, kinds, contents)."""
         epochs = self.store.epochs(self.ws)
         journals = {e.id: sorted(self.store.journal(self.ws, e.id)) for e in epochs}
         stats = self.store.statistics()["entries"]
@@ -283,7 +283,6 @@ async def test_a_turn_mark_waits_for_a_running_rewind_whose_paths_are_fenced(
     monkeypatch.setenv("REWINDFS_PAUSE_AFTER", "1")
     monkeypatch.setenv("REWINDFS_PAUSE_FILE", str(pause))
     monkeypatch.setattr(_restore_land.FAULT, "paused", False)   # once per process
-    monkeypatch.setattr(_restore_land.FAULT, "_PAUSE_MAX_S", 5.0)
     done = {}
 
     async def run(name, method, **params):
@@ -292,21 +291,23 @@ async def test_a_turn_mark_waits_for_a_running_rewind_whose_paths_are_fenced(
     with trio.fail_after(60):           # a hang fails the test instead of the session
         async with trio.open_nursery() as nursery:
             nursery.start_soon(functools.partial(run, "rewind", "rewind", to=t1))
-            while not pause.exists():
-                await trio.sleep(0.005)
-            rewind_epoch = d.fs.epoch_id
-            assert d.store.epoch(rewind_epoch).kind == "rewind"
-            for name in (b"f", b"g"):
-                ino = (await d.fs.lookup(ROOT, name, REQ)).st_ino
-                with pytest.raises(pyfuse3.FUSEError) as exc:
-                    await d.fs.open(ino, os.O_WRONLY, REQ)
-                assert exc.value.errno == errno.EBUSY
-            await d.put("free", b"y")                     # not in the plan
-            nursery.start_soon(functools.partial(run, "mark", "turn.begin",
-                                                 session="s", turn=2, label="two"))
-            await trio.testing.wait_all_tasks_blocked()
-            assert "mark" not in done and d.fs.epoch_id == rewind_epoch
-            pause.unlink()
+            try:
+                while not pause.exists():
+                    await trio.sleep(0.005)
+                rewind_epoch = d.fs.epoch_id
+                assert d.store.epoch(rewind_epoch).kind == "rewind"
+                for name in (b"f", b"g"):
+                    ino = (await d.fs.lookup(ROOT, name, REQ)).st_ino
+                    with pytest.raises(pyfuse3.FUSEError) as exc:
+                        await d.fs.open(ino, os.O_WRONLY, REQ)
+                    assert exc.value.errno == errno.EBUSY
+                await d.put("free", b"y")                     # not in the plan
+                nursery.start_soon(functools.partial(run, "mark", "turn.begin",
+                                                     session="s", turn=2, label="two"))
+                await trio.testing.wait_all_tasks_blocked()
+                assert "mark" not in done and d.fs.epoch_id == rewind_epoch
+            finally:   # the worker thread cannot be cancelled: always let it go on
+                pause.unlink(missing_ok=True)
     reply, events = done["rewind"]
     assert reply["ok"] is True and reply["result"]["exit_code"] == 0
     assert reply["result"]["epoch"] == rewind_epoch
