@@ -366,16 +366,18 @@ async def test_show_inline_is_bounded_and_stream_is_not(d):
 
 
 async def test_gc(d):
-    await d.put("f", b"a")
+    await d.put("f", b"a" * 10_000)
     await d.call("turn.begin", session="s", turn=1, label="one")
-    await d.put("f", b"b")
+    await d.put("f", b"b")                       # pre-image: the 10,000 bytes
     await d.call("turn.end")
+    assert len(d.store.epochs(d.ws)) == 3
     report = await d.call("gc", grace_s=0)
-    assert set(report) == {"epochs_dropped", "entries_dropped", "blobs_removed",
-                           "bytes_freed", "files_removed"}
-    assert report["blobs_removed"] == 0          # the pre-image is still referenced
+    assert report == {"epochs_dropped": 0, "entries_dropped": 0, "blobs_removed": 0,
+                      "bytes_freed": 0, "files_removed": 0}   # all still referenced
     kept = await d.call("gc", grace_s=0, keep_epochs=1, drop_redo=True)
-    assert kept["epochs_dropped"] >= 1
+    assert (kept["epochs_dropped"], kept["entries_dropped"]) == (2, 2)
+    assert (kept["blobs_removed"], kept["bytes_freed"]) == (1, 10_000)
+    assert len(d.store.epochs(d.ws)) == 1
 
 
 async def test_unmount_is_only_requested(d):
