@@ -513,11 +513,11 @@ _BAD_PARAMS = [
 @pytest.mark.parametrize("method, params", _BAD_PARAMS,
                          ids=[f"{m}-{i}" for i, (m, _) in enumerate(_BAD_PARAMS)])
 async def test_bad_params(d, method, params):
+    # history to act on: without the bad parameter, rewind/redo/gc would change things
     await d.put("f", b"content")
-    t1 = (await d.call("turn.begin", session="p", turn=1, label="x"))["epoch"]
+    await d.call("turn.begin", session="p", turn=1, label="x")
     await d.put("f", b"changed")
     await d.call("turn.end", session="p")
-    assert t1 >= 1
     err = await d.refused(method, "bad-params", **params)
     assert method in err["message"]
 
@@ -599,7 +599,7 @@ async def test_a_handler_bug_is_an_internal_error_and_the_next_request_works(d, 
         raise ZeroDivisionError("boom")
 
     async def out_of_fds(ctx, params, emit):
-        raise OSError(24, "Too many open files")
+        raise OSError(errno.EMFILE, "Too many open files")
 
     monkeypatch.setitem(_protocol.TABLE, "test.broken", broken)
     monkeypatch.setitem(_protocol.TABLE, "test.emfile", out_of_fds)
