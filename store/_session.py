@@ -124,6 +124,7 @@ def _ancestors(txn, db, session: str) -> set[str]:
 
 def own_turns(txn, db, ws: int, session: str) -> dict[int, int]:
     # a session name holds no NUL, so every key under this prefix is one of its turns
+    check_session(session)   # a name from the caller (``points``, a point's session)
     prefix = S.u32(ws) + session.encode() + b"\0"
     cur = txn.cursor(db=db["turns"])
     out = {}

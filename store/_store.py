@@ -255,6 +255,10 @@ class Store:
     def fork_session(self, child: str, parent: str, boundary_turn: int) -> None:
         _session.check_session(child)
         _session.check_session(parent)
+        if (not isinstance(boundary_turn, int) or isinstance(boundary_turn, bool)
+                or not 0 <= boundary_turn < 1 << 32):   # the bound of begin_turn's turn
+            raise _session.BadSession(session=child,
+                                      reason=f"bad boundary turn {boundary_turn!r}")
         with self._w() as txn:
             _session.fork(txn, self._db, child, parent, int(boundary_turn))
 

@@ -56,7 +56,7 @@ def parse_request(line: bytes) -> tuple[object, str, dict]:
         raise BadJson(reason="not an object")
     rid = msg.get("id")
     try:
-        if msg.get("v") != VERSION:
+        if msg.get("v") != VERSION or isinstance(msg.get("v"), bool):   # true == 1
             raise BadVersion(got=msg.get("v"))
         if not isinstance(rid, (int, str)) or isinstance(rid, bool):
             raise BadParams(method="request", reason="'id' must be an integer or a string")

@@ -646,8 +646,8 @@ class RewindOperations(pyfuse3.Operations):
             self._refuse_fenced(path)   # O_CREAT without O_EXCL opens an existing file
         self._guard([(path, False)])
         with self._parent(path) as (fd, n):
-            rfd = os.open(n, self._real_flags(flags) | os.O_CREAT, stat.S_IMODE(mode),
-                          dir_fd=fd)
+            rfd = os.open(n, self._real_flags(flags) | os.O_CREAT | (flags & os.O_EXCL),
+                          stat.S_IMODE(mode), dir_fd=fd)   # O_EXCL: EEXIST, as on disk
             try:
                 self._own(fd, n, ctx)
                 st = os.fstat(rfd)
