@@ -279,6 +279,12 @@ class RewindOperations(pyfuse3.Operations):
         """Context manager yielding ``(dir_fd, name)`` for *path* (cached dir fd if known)."""
         return _At(self.table, self.root_fd, path)
 
+    def _lstat_or_none(self, path: bytes) -> os.stat_result | None:
+        try:
+            return self._lstat(path)
+        except OSError:
+            return None
+
     def _lstat(self, path: bytes) -> os.stat_result:
         if path == b"":
             return os.fstat(self.root_fd)
@@ -644,7 +650,9 @@ class RewindOperations(pyfuse3.Operations):
         path = self._new_name(parent_inode, name)
         if self.fenced:
             self._refuse_fenced(path)   # O_CREAT without O_EXCL opens an existing file
-        self._guard([(path, False)])
+        # A name that exists after all (a stale negative dentry) is opened for writing:
+        # its inode's other names change with it, so they are captured too.
+        self._guard([(path, False), *self._twins(self._lstat_or_none(path))])
         with self._parent(path) as (fd, n):
             rfd = os.open(n, self._real_flags(flags) | os.O_CREAT | (flags & os.O_EXCL),
                           stat.S_IMODE(mode), dir_fd=fd)   # O_EXCL: EEXIST, as on disk

@@ -848,10 +848,6 @@ async def test_a_write_after_an_epoch_moved_behind_the_filesystem_is_captured(t)
     assert t.content(t.journal(other)[b"f"]) == b"b"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bug: create of a name that exists (O_CREAT|O_TRUNC, reached through a stale "
-    "negative dentry) captures that name only, not the other names of a multiply-"
-    "linked inode, and truncates them all (open with O_TRUNC does capture them)"))
 async def test_create_truncating_a_hard_linked_name_captures_every_name(t):
     t.write("a", b"shared")
     os.link(t.p("a"), t.p("b"))
@@ -862,4 +858,4 @@ async def test_create_truncating_a_hard_linked_name_captures_every_name(t):
     assert t.read("b") == b""                         # the shared inode was truncated
     j = t.journal()
     assert t.content(j[b"a"]) == b"shared"
-    assert t.content(j[b"b"]) == b"shared"            # fails: b has no pre-image
+    assert t.content(j[b"b"]) == b"shared"            # b changed too: captured first
