@@ -116,16 +116,14 @@ class Content:
     and whoever consumed the chunks must then treat them as invalid.  ``close()``
     (or ``with``) releases the source, also one never read."""
 
-    def __init__(self, size: int, source, *, chunk: int):
+    def __init__(self, size: int, source: "_Inline | _Blob | _FdChunks", *, chunk: int):
         self.size = size
         self._source = source
         self.chunks = _pieces(source, chunk)
 
     def close(self) -> None:
         self.chunks.close()
-        close = getattr(self._source, "close", None)
-        if close is not None:
-            close()
+        self._source.close()
 
     def __enter__(self):
         return self
@@ -146,13 +144,26 @@ def open_content(root_fd: int, store, ws: int, epoch: int | None, path: bytes, *
     if img.kind == "absent":
         return None
     if img.kind == "symlink":
-        return Content(len(img.target), iter([img.target]), chunk=chunk)
+        return Content(len(img.target), _Inline(img.target), chunk=chunk)
     if img.kind != "file":
         raise NotAFile(path=path, what=f"a {img.kind}", point=epoch if epoch else "now")
     if stored is not None:
         return Content(img.size, _Blob(store.iter_blob(img.blob)), chunk=chunk)
     now = _FdChunks(_open_now(root_fd, path), chunk)
     return Content(now.size, now, chunk=chunk)
+
+
+class _Inline:
+    """A symlink's target as a source: one chunk, nothing to release."""
+
+    def __init__(self, data: bytes):
+        self._data = data
+
+    def __iter__(self):
+        yield self._data
+
+    def close(self) -> None:
+        pass
 
 
 class _Blob:
