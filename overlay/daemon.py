@@ -120,6 +120,11 @@ class DaemonContext:
     def unfence_rewind(self) -> None:
         self._on_trio(self.fs.unfence_rewind)
 
+    def ignore_rules(self):
+        """The rules the filesystem captures by; one reference read, safe from the
+        restore engine's worker thread (``reload_rules`` swaps the object whole)."""
+        return self.fs.rules
+
     def request_unmount(self) -> None:
         self.unmount_pending = True
 

@@ -75,6 +75,32 @@ class UsageError(RewindfsError):
     exit_code = EXIT_USAGE
 
 
+# -- ignore rules -------------------------------------------------------------
+
+
+class BadIgnoreRules(RewindfsError):
+    """`.rewindignore` line {line}: invalid pattern `{pattern}`; {outcome}.
+
+    Raised where the rules are loaded with no earlier rules to fall back on: the mount
+    (refused) and the restore engine on an unmounted workspace (nothing changed).  A
+    mounted workspace keeps its previous rules instead and reports the same line
+    (``kept_previous``) in ``status`` and ``turn.begin``.
+    """
+
+    code = "bad-ignore-rules"
+
+    def __init__(self, message=None, *, line=0, pattern="",
+                 outcome="fix that line and try again; nothing was changed", **details):
+        if len(pattern) > 80:    # a 1 MiB line is named, not printed
+            pattern = pattern[:79] + "…"
+        super().__init__(message, line=line, pattern=pattern, outcome=outcome, **details)
+
+    def kept_previous(self) -> str:
+        """The message for a daemon that keeps the rules it had."""
+        return type(self)(line=self.details["line"], pattern=self.details["pattern"],
+                          outcome="the previous rules are in force").message
+
+
 # -- the control protocol -----------------------------------------------------
 
 
@@ -148,7 +174,7 @@ class BadReply(ProtocolError):
 
 
 class ContentTooLarge(RewindfsError):
-    """{path!r} has {size} bytes; more than 512 KiB is sent only as a stream (pass "stream": true)."""
+    """{path} has {size} bytes; more than 512 KiB is sent only as a stream (pass "stream": true)."""
 
     code = "content-too-large"
 
@@ -157,21 +183,21 @@ class ContentTooLarge(RewindfsError):
 
 
 class NotEmpty(RewindfsError):
-    """{path!r} must go but holds entries that were never observed; left as it is."""
+    """{path} must go but holds entries that were never observed; left as it is."""
 
     code = "not-empty"
     exit_code = EXIT_PARTIAL
 
 
 class Busy(RewindfsError):
-    """{path!r} is open for writing through the mount; left as it is (close it and rewind again)."""
+    """{path} is open for writing through the mount; left as it is (close it and rewind again)."""
 
     code = "busy"
     exit_code = EXIT_PARTIAL
 
 
 class KindChanged(RewindfsError):
-    """{path!r} changed kind while it was being restored; left as it is."""
+    """{path} changed kind while it was being restored; left as it is."""
 
     code = "raced"
     exit_code = EXIT_PARTIAL
@@ -181,7 +207,7 @@ class KindChanged(RewindfsError):
 
 
 class NotAFile(RewindfsError):
-    """{path!r} is {what} at point {point}; only files and symlinks have content."""
+    """{path} is {what} at point {point}; only files and symlinks have content."""
 
     code = "not-a-file"
     exit_code = EXIT_COULD_NOT_RUN

@@ -70,7 +70,7 @@ def get_known(txn, db, epoch_id) -> Epoch:
     """The epoch ``epoch_id`` (any value accepted); ``UnknownPoint`` if there is none."""
     e = get(txn, db, epoch_id) if isinstance(epoch_id, int) and 0 <= epoch_id < 1 << 64 else None
     if e is None:
-        raise UnknownPoint(point=epoch_id)
+        raise UnknownPoint(point=_named(epoch_id))
     return e
 
 
@@ -78,8 +78,14 @@ def get_in(txn, db, ws: int, epoch_id: int) -> Epoch:
     """The epoch, which must belong to ``ws``; else ``UnknownPoint``."""
     e = get_known(txn, db, epoch_id)
     if e.workspace != ws:
-        raise UnknownPoint(point=epoch_id)
+        raise UnknownPoint(point=_named(epoch_id))
     return e
+
+
+def _named(epoch_id):
+    """An epoch id as the user types it in a message (``e7``)."""
+    return f"e{epoch_id}" if isinstance(epoch_id, int) and not isinstance(epoch_id, bool) \
+        else epoch_id
 
 
 def put(txn, db, e: Epoch) -> None:

@@ -34,7 +34,7 @@ class RewindfsError(Exception):
         if message is None:
             template = (self.__doc__ or "{message}").strip().splitlines()[0]
             try:
-                message = template.format(**details)
+                message = template.format(**{k: _text(v) for k, v in details.items()})
             except (KeyError, IndexError):
                 message = template
         self.message = message
@@ -43,6 +43,19 @@ class RewindfsError(Exception):
     def to_dict(self) -> dict:
         """The protocol's error object."""
         return {"code": self.code, "message": self.message}
+
+
+def _text(value):
+    """A detail as a message shows it: a path (bytes, or a str carrying undecodable
+    bytes as surrogates) as text, non-UTF-8 bytes as ``\\xNN`` — never ``b'…'``.
+    ``details`` itself keeps the raw value for code."""
+    if isinstance(value, str):
+        if not any("\udc80" <= c <= "\udcff" for c in value):
+            return value
+        value = value.encode("utf-8", "surrogateescape")
+    if isinstance(value, (bytes, bytearray)):
+        return bytes(value).decode("utf-8", "backslashreplace")
+    return value
 
 
 class StoreError(RewindfsError):
@@ -95,7 +108,7 @@ class StoreInsideWorkspace(RewindfsError):
 
 
 class BadPath(RewindfsError):
-    """Bad path {path!r}: {reason}."""
+    """Bad path {path}: {reason}."""
 
     code = "bad-path"
     exit_code = EXIT_USAGE
@@ -103,21 +116,21 @@ class BadPath(RewindfsError):
 
 
 class PathEscape(BadPath):
-    """Path {path!r} escapes the workspace: {reason}."""
+    """Path {path} escapes the workspace: {reason}."""
 
     code = "path-escape"
     errno = _errno.EACCES
 
 
 class BadPoint(RewindfsError):
-    """{point!r} is a relative point; name an absolute turn number or an epoch id (see `rewindfs log`)."""
+    """{point} is a relative point; name an absolute turn number or an epoch id (see `rewindfs log`)."""
 
     code = "relative-point"
     exit_code = EXIT_USAGE
 
 
 class UnknownPoint(RewindfsError):
-    """No point {point!r} in this workspace (see `rewindfs log`)."""
+    """No point {point} in this workspace (see `rewindfs log`)."""
 
     code = "unknown-point"
 

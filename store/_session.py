@@ -197,7 +197,7 @@ def _turn(txn, db, ws: int, turn: int, session: str | None) -> int:
     if session is not None:
         found = dict(points(txn, db, ws, session)).get(turn)
         if found is None:
-            raise UnknownPoint(point=f"turn {turn} of session {session}")
+            raise UnknownPoint(point=f"t{turn} of session {session}")
         return found
     newest: dict[str | None, int] = {}     # session → its newest epoch of that turn
     for e in _epoch.all_of(txn, db, ws):

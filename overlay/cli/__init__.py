@@ -22,6 +22,7 @@ import sys
 from rewindfs.store._errors import InternalError, RewindfsError
 
 from rewindfs.overlay.cli import mount, options, rewind
+from rewindfs.overlay.cli.render import escape
 from rewindfs.overlay.errors import UsageError
 
 __all__ = ["Output", "main"]
@@ -59,12 +60,13 @@ class Output:
             self.console.print(text, soft_wrap=True, **style)
 
     def warn(self, text: str) -> None:
-        """A warning: JSON record on stdout in ``--json`` mode, else to stderr."""
+        """A warning (plain text, escaped here): JSON record on stdout in ``--json``
+        mode, else to stderr."""
         if self.json:
             self.emit("warning", message=text)
         else:
             from rich.console import Console
-            Console(stderr=True, highlight=False).print(f"[yellow]warning:[/] {text}",
+            Console(stderr=True, highlight=False).print(f"[yellow]warning:[/] {escape(text)}",
                                                         soft_wrap=True)
 
     def error(self, exc: RewindfsError) -> None:
@@ -72,7 +74,6 @@ class Output:
             self.emit("error", code=exc.code, message=exc.message, exit_code=exc.exit_code)
         else:
             from rich.console import Console
-            from rich.markup import escape
             Console(stderr=True, highlight=False).print(
                 f"[red]rewindfs: {escape(exc.message)}[/] [dim]({exc.code})[/]", soft_wrap=True)
 
@@ -144,7 +145,7 @@ def _unexpected(exc: Exception, out: Output, *, verbose: bool) -> int:
             except Exception:   # noqa: BLE001 — stdout may be what broke
                 pass
         hint = "" if verbose else " (run with -v for the traceback)"
-        sys.stderr.write(f"rewindfs: {err.message}{hint}\n")
+        sys.stderr.write(f"rewindfs: {escape(err.message, markup=False)}{hint}\n")
         sys.stderr.flush()
     except Exception:   # noqa: BLE001 — nowhere left to report
         pass

@@ -21,7 +21,7 @@ from rewindfs.store._errors import RewindfsError
 from rewindfs.overlay import daemon
 from rewindfs.overlay.cli import options
 from rewindfs.overlay.control import client, wire
-from rewindfs.overlay.cli.render import human_bytes
+from rewindfs.overlay.cli.render import escape, human_bytes
 from rewindfs.overlay.places import (check_workspace, control_socket_path, find_rewindfs_mount,
                                      find_socket, lazy_unmount,
                                      ensure_runtime_dir, is_inside, open_log,
@@ -183,7 +183,7 @@ def cmd_run(args, out) -> int:
     if not cmd:
         raise UsageError("rewindfs run: name a command to run (rewindfs run -- CMD …)")
     store = resolve_store_path(args.store)
-    ws_dir = args.dir or "."
+    ws_dir = args.workspace or "."
     cwd = os.getcwd()  # a path string: resolving it again after the mount re-enters it
     child = None
     try:
@@ -208,16 +208,25 @@ def cmd_turn_begin(args, out) -> int:
         params["force"] = True
     res = call_daemon(args, "turn.begin", params)
     out.emit("turn.begun", session=args.session, turn=args.turn, epoch=res["epoch"])
-    out.say(f"turn {args.turn} of {args.session} began (epoch {res['epoch']})")
+    out.say(f"turn {args.turn} of {escape(args.session)} began (epoch e{res['epoch']})")
+    _warn_all(out, res)
     return 0
 
 
 def cmd_turn_end(args, out) -> int:
     params = {"session": args.session} if args.session else {}
     res = call_daemon(args, "turn.end", params)
-    out.emit("turn.ended", epoch=res["epoch"])
-    out.say(f"turn ended (now epoch {res['epoch']}, idle)")
+    ended = res.get("ended", True)      # a daemon before issue 14 does not say
+    out.emit("turn.ended", epoch=res["epoch"], ended=ended)
+    out.say(f"turn ended (now epoch e{res['epoch']}, idle)" if ended
+            else f"no turn was open; nothing ended (epoch e{res['epoch']})")
     return 0
+
+
+def _warn_all(out, res: dict) -> None:
+    """The daemon's ``warnings`` (e.g. an invalid ``.rewindignore``), one line each."""
+    for text in res.get("warnings") or ():
+        out.warn(text)
 
 
 def _offline_status(args) -> dict:
@@ -249,7 +258,7 @@ def cmd_status(args, out) -> int:
         res = _offline_status(args)
     out.emit("status", **res)
     if not res["mounted"]:
-        out.say(f"[bold]{res['workspace']}[/] is not mounted; epoch {res['epoch']} "
+        out.say(f"[bold]{escape(res['workspace'])}[/] is not mounted; epoch e{res['epoch']} "
                 f"({res['epoch_kind']})")
         _say_usage(out, res.get("usage"))
         if res.get("intent"):
@@ -257,17 +266,19 @@ def cmd_status(args, out) -> int:
         return 0
     if not out.json:
         turn = res.get("open_turn")
-        turn_s = f"turn {turn['turn']} of {turn['session']}" if turn else "no open turn"
-        out.say(f"[bold]{res['workspace']}[/] mounted (pid {res['pid']})")
-        out.say(f"  epoch {res['epoch']} ({res['epoch_kind']}), {turn_s}")
-        out.say(f"  store {res['store']}")
-        out.say(f"  socket {res['socket']}")
+        turn_s = (f"turn {turn['turn']} of {escape(turn['session'] or '')}" if turn
+                  else "no open turn")
+        out.say(f"[bold]{escape(res['workspace'])}[/] mounted (pid {res['pid']})")
+        out.say(f"  epoch e{res['epoch']} ({res['epoch_kind']}), {turn_s}")
+        out.say(f"  store {escape(res['store'])}")
+        out.say(f"  socket {escape(res['socket'])}")
         _say_usage(out, res.get("usage"))
         if res.get("bypass_writes"):
             out.warn(f"processes {res['bypass_writes']['pids']} work in the bare directory "
                      f'under the mount; their writes are not captured (cd "$PWD")')
         if res.get("intent"):
             out.warn("an interrupted rewind is pending")
+    _warn_all(out, res)
     return 0
 
 
@@ -282,7 +293,7 @@ def _say_usage(out, usage) -> None:
         out.say(f"  this workspace: {w['epochs']} epochs, {w['turns']} turns, "
                 f"{w['paths']} pre-images, {human_bytes(w['bytes'])} recorded")
         for name, s in w["sessions"].items():
-            out.say(f"    {name}: {s['turns']} turns, {s['epochs']} epochs, "
+            out.say(f"    {escape(name)}: {s['turns']} turns, {s['epochs']} epochs, "
                     f"{s['paths']} pre-images, {human_bytes(s['bytes'])}")
 
 
@@ -294,7 +305,7 @@ def cmd_fsck(args, out) -> int:
     data = report.to_dict()
     for p in data["problems"]:
         out.emit("fsck.problem", **p)
-        out.say(f"[red]{p.get('code')}[/]: {p.get('message')}")
+        out.say(f"[red]{p.get('code')}[/]: {escape(str(p.get('message')))}")
     out.emit("fsck", ok=report.ok, problems=len(data["problems"]),
              blobs_checked=data["blobs_checked"], entries_checked=data["entries_checked"])
     out.say("store is sound" if report.ok else f"{len(report.errors)} error(s)")
@@ -315,7 +326,7 @@ HANDLERS = {
 def register(sub) -> None:
     """Add this module's subcommands to the ``rewindfs`` parser."""
     p = sub.add_parser("mount", help="mount the FUSE overlay over DIR")
-    p.add_argument("dir", metavar="DIR")
+    p.add_argument("dir", metavar="DIR", help="the workspace, mounted over itself")
     p.add_argument("--foreground", action="store_true", help="serve in this process")
     p.add_argument("--recover", action="store_true",
                    help="detach a stale mount left by a dead daemon first")
@@ -324,14 +335,14 @@ def register(sub) -> None:
     p.set_defaults(command="mount")
 
     p = sub.add_parser("unmount", help="unmount DIR cleanly")
-    p.add_argument("dir", metavar="DIR")
+    p.add_argument("dir", metavar="DIR", help="the mounted workspace")
     options.common(p)
     p.set_defaults(command="unmount")
 
     p = sub.add_parser("run", help="mount, run CMD inside, unmount; exit with CMD's code")
-    p.add_argument("--dir", metavar="DIR", help="workspace (default: the current directory)")
-    p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="CMD")
-    options.common(p)
+    p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="CMD",
+                   help="the command and its arguments (after --)")
+    options.workspace(p)
     p.set_defaults(command="run")
 
     turn = sub.add_parser("turn", help="mark turn boundaries")
@@ -339,15 +350,17 @@ def register(sub) -> None:
                                parser_class=type(turn))
     turn.set_defaults(command=None)
     p = tsub.add_parser("begin", help="start a turn")
-    p.add_argument("--session", required=True)
-    p.add_argument("--turn", type=int, required=True)
-    p.add_argument("--label", default="")
+    p.add_argument("--session", required=True, metavar="S", help="the session the turn belongs to")
+    p.add_argument("--turn", type=int, required=True, metavar="N",
+                   help="the turn's number in its session (1, 2, …)")
+    p.add_argument("--label", default="", help="what the turn is about (its first line is kept)")
     p.add_argument("--force", action="store_true",
                    help="close another session's open turn (refused otherwise)")
     options.workspace(p)
     p.set_defaults(command="turn.begin")
     p = tsub.add_parser("end", help="end the open turn")
-    p.add_argument("--session")
+    p.add_argument("--session", metavar="S",
+                   help="end the open turn only if it is this session's")
     options.workspace(p)
     p.set_defaults(command="turn.end")
 

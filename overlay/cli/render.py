@@ -28,20 +28,24 @@ def _visible(match) -> str:
     return {"\n": "\\n", "\t": "\\t", "\r": "\\r"}.get(ch, f"\\x{code:02x}")
 
 
-def escape(text: str, *, keep_tabs: bool = False) -> str:
-    """Text from the workspace (names, labels) for a terminal: control characters (a
-    file named with ``ESC[…`` must not drive the terminal, a newline must not forge a
-    line) and undecodable bytes shown as ``\\n``/``\\xNN``, rich markup escaped."""
+def escape(text: str, *, keep_tabs: bool = False, markup: bool = True) -> str:
+    """Text from the workspace or the user (names, labels, session names, messages that
+    embed them) for a terminal: control characters (a file named with ``ESC[…`` must
+    not drive the terminal, a newline must not forge a line) and undecodable bytes shown
+    as ``\\n``/``\\xNN``; rich markup escaped unless ``markup=False`` (text written
+    without rich).  The one escape of every human output path."""
     if keep_tabs:
-        return "\t".join(_markup_escape(_CONTROL.sub(_visible, t)) for t in text.split("\t"))
-    return _markup_escape(_CONTROL.sub(_visible, text))
+        return "\t".join(escape(t, markup=markup) for t in text.split("\t"))
+    shown = _CONTROL.sub(_visible, text)
+    return _markup_escape(shown) if markup else shown
 
 
 def _when(ns) -> str:
     if not ns:
         return ""
-    # Month-day is enough to tell a session's turns apart and leaves the label room.
-    return datetime.datetime.fromtimestamp(ns / 1e9).strftime("%m-%d %H:%M:%S")
+    # Month-day and minute tell a person's turns apart and leave the label room in 80
+    # columns (the epoch column orders them; --json keeps the nanoseconds).
+    return datetime.datetime.fromtimestamp(ns / 1e9).strftime("%m-%d %H:%M")
 
 
 def human_bytes(n: int) -> str:
@@ -75,28 +79,56 @@ def parse_size(text: str) -> int:
 
 # -- log --------------------------------------------------------------------------------
 
+_LOG_COLUMNS = ("epoch", "kind", "session", "turn", "label", "time", "files", "bytes")
+_RIGHT = ("epoch", "turn", "files", "bytes")
+
+
 def render_log(out, points: list[dict], *, mounted: bool) -> None:
+    """The history, one line per epoch, as wide as the terminal: every column stays;
+    the session and the label give way (cut with ``…``).  ``--json`` keeps them whole."""
     if out.json:
         for p in points:
             out.emit("epoch", **p)
         return
-    table = Table(title=None, show_edge=False, header_style="bold")
-    for col in ("epoch", "kind", "session", "turn", "label", "time", "files", "bytes"):
-        table.add_column(col, justify="right" if col in ("epoch", "turn", "files", "bytes")
-                         else "left", overflow="fold" if col == "label" else "ellipsis",
-                         no_wrap=col != "label", min_width=18 if col == "label" else None)
+    rows = []
     for p in points:
         label = p.get("label") or ""
         if p["kind"] == "rewind" and p.get("target") is not None:
             label = f"→ point e{p['target']}" + (f" {label}" if label else "")
         style = {"turn": "", "idle": "dim", "rewind": "magenta"}.get(p["kind"], "")
-        table.add_row(f"e{p['epoch']}", p["kind"], p.get("session") or "",
-                      str(p["turn"]) if p.get("turn") is not None else "", escape(label),
-                      _when(p.get("started_ns")), str(p.get("paths", 0)),
-                      human_bytes(p.get("bytes", 0)), style=style)
+        rows.append(([f"e{p['epoch']}", p["kind"], escape(p.get("session") or "", markup=False),
+                      str(p["turn"]) if p.get("turn") is not None else "",
+                      escape(label, markup=False), _when(p.get("started_ns")),
+                      str(p.get("paths", 0)), human_bytes(p.get("bytes", 0))], style))
+    widths = _log_widths([r for r, _ in rows], out.console.width)
+    table = Table(title=None, show_edge=False, header_style="bold", pad_edge=False)
+    for col in _LOG_COLUMNS:
+        table.add_column(col, justify="right" if col in _RIGHT else "left",
+                         overflow="ellipsis", no_wrap=True, max_width=widths.get(col))
+    for cells, style in rows:
+        table.add_row(*(_markup_escape(c) for c in cells), style=style)
     out.console.print(table)
     if not points:
         out.say("no history yet")
+
+
+def _log_widths(rows: list[list[str]], total: int) -> dict[str, int]:
+    """Widths for the two columns that give way (session, label) so the table fits
+    *total* cells: what the other columns need is theirs, a third of the rest goes to
+    the session (at least its header), the label takes what is left.  A terminal too
+    narrow even for that leaves the cutting to rich."""
+    from rich.cells import cell_len
+    need = [max([cell_len(col)] + [cell_len(r[i]) for r in rows])
+            for i, col in enumerate(_LOG_COLUMNS)]
+    # each column: a space either side, inner ones also a rule (no outer edge or pad)
+    frame = 3 * len(_LOG_COLUMNS) - 3
+    fixed = sum(w for col, w in zip(_LOG_COLUMNS, need) if col not in ("session", "label"))
+    room = total - frame - fixed
+    session_need, label_need = need[2], need[4]
+    if session_need + label_need <= room:
+        return {}
+    session = min(session_need, max(len("session"), room // 3))
+    return {"session": session, "label": max(len("label"), room - session)}
 
 
 # -- rewind / redo -------------------------------------------------------------------------
@@ -157,7 +189,7 @@ class RewindView:
                      f"this session's turns[/] (a person between turns, or another session):")
         for f in foreign:
             who = "idle (between turns)" if f["kind"] == "idle" else (
-                f"session {f['session']} turn {f['turn']}")
+                f"session {escape(f['session'] or '')} turn {f['turn']}")
             self.out.say(f"  {escape(f['path'])}  [dim]{who}, e{f['epoch']}[/]")
 
     def finish(self, result: dict) -> None:
@@ -166,8 +198,12 @@ class RewindView:
             self.progress = None
         if self.out.json:
             return
+        self._unrecorded(result.get("unrecorded") or [])
         if self.dry_run:
-            self._plan_table(result.get("changes", []))
+            # nothing known at all beyond the unrecorded paths: they were the answer
+            quiet = bool(result.get("unrecorded")) and not any(
+                result.get(k) for k in ("unchanged", "ignored"))
+            self._plan_table(result.get("changes", []), quiet=quiet)
         if self.dry_run or not self.planned:
             self._foreign(result.get("foreign") or [])
         if not self.dry_run:
@@ -176,9 +212,15 @@ class RewindView:
             line = f"restored {done} path(s) as rewind epoch e{result.get('epoch')}"
             self.out.say(line + (f"; [red]{len(failed)} failed[/] (exit 1)" if failed else ""))
 
-    def _plan_table(self, changes: list[dict]) -> None:
+    def _unrecorded(self, paths: list[str]) -> None:
+        """``--path`` values no epoch since the point knows: named, not "nothing"."""
+        for p in paths:
+            self.out.say(f"{escape(p)}: not recorded at that point")
+
+    def _plan_table(self, changes: list[dict], *, quiet: bool = False) -> None:
         if not changes:
-            self.out.say("nothing to change")
+            if not quiet:   # the unrecorded paths were named instead
+                self.out.say("nothing to change")
             return
         table = Table(show_edge=False, header_style="bold")
         table.add_column("change")

@@ -343,36 +343,38 @@ HANDLERS = {"log": cmd_log, "rewind": cmd_rewind, "redo": cmd_redo, "diff": cmd_
 def register(sub) -> None:
     """Add this module's subcommands to the ``rewindfs`` parser."""
     p = sub.add_parser("log", help="the history: epochs, turns, rewinds (newest last)")
-    p.add_argument("dir", nargs="?", metavar="DIR")
-    p.add_argument("--session", help="only the points of this session (with inherited ones)")
+    p.add_argument("dir", nargs="?", metavar="DIR",
+                   help="the workspace, as with -C (default: the current directory)")
+    p.add_argument("--session", metavar="S",
+                   help="only the points of this session (with inherited ones)")
     options.workspace(p)
     p.set_defaults(command="log")
 
     p = sub.add_parser("rewind", help="put the workspace back to the start of a turn/epoch")
     p.add_argument("point", metavar="POINT",
                    help="absolute turn number (with --session), tN, or epoch id eN")
-    _rewind_options(p)
+    _rewind_options(p, session="the session whose turn numbers POINT uses")
     p.add_argument("--path", action="append", metavar="P", help="only this path (repeatable)")
     p.add_argument("--undo-for", metavar="S", help="attribute the rewind to session S "
                    "(its `redo --session S` undoes it)")
     p.set_defaults(command="rewind", dir=None)
 
     p = sub.add_parser("redo", help="undo the newest rewind (of --session)")
-    _rewind_options(p)
+    _rewind_options(p, session="undo the newest rewind of session S")
     p.set_defaults(command="redo", dir=None)
 
     p = sub.add_parser("diff", help="what changed between two points (B default: now)")
-    p.add_argument("a", metavar="A")
-    p.add_argument("b", metavar="B", nargs="?")
-    p.add_argument("--path", action="append", metavar="P")
-    p.add_argument("--session")
+    p.add_argument("a", metavar="A", help="the earlier point: tN, N with --session, or eN")
+    p.add_argument("b", metavar="B", nargs="?", help="the later point (default: now)")
+    p.add_argument("--path", action="append", metavar="P", help="only this path (repeatable)")
+    p.add_argument("--session", metavar="S", help="the session whose turn numbers A and B use")
     options.workspace(p)
     p.set_defaults(command="diff", dir=None)
 
     p = sub.add_parser("show", help="print a file as it was at POINT")
-    p.add_argument("point", metavar="POINT")
-    p.add_argument("file", metavar="PATH")
-    p.add_argument("--session")
+    p.add_argument("point", metavar="POINT", help="tN, N with --session, or eN")
+    p.add_argument("file", metavar="PATH", help="the file (relative to the current directory)")
+    p.add_argument("--session", metavar="S", help="the session whose turn numbers POINT uses")
     options.workspace(p)
     p.set_defaults(command="show", dir=None)
 
@@ -387,8 +389,8 @@ def register(sub) -> None:
     p.set_defaults(command="gc", dir=None)
 
 
-def _rewind_options(p) -> None:
+def _rewind_options(p, *, session: str) -> None:
     p.add_argument("--dry-run", action="store_true", help="print the plan, change nothing")
-    p.add_argument("--session", metavar="S", help="the session whose turn numbers POINT uses")
+    p.add_argument("--session", metavar="S", help=session)
     p.add_argument("--force", action="store_true", help="even while a turn is open")
     options.workspace(p)

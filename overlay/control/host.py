@@ -38,6 +38,10 @@ class LiveMount(Protocol):
 
     def unfence_rewind(self) -> None: ...
 
+    def ignore_rules(self):
+        """The ``tree.ignore.IgnoreRules`` the mount captures by (kept when an edit of
+        ``.rewindignore`` is invalid); a rewind restores by the same ones."""
+
 
 class RewindHost(Protocol):
     """Where rewind, redo, diff, show and gc run."""

@@ -55,7 +55,14 @@ async def turn_begin(ctx: DaemonHost, params: dict, emit) -> dict:
         epoch = ctx.store.begin_turn(ctx.ws, session, turn, label, force=force,
                                      flush=False)   # durable within _FLUSH_EVERY_S
         ctx.fs.set_epoch(epoch.id)
-    return {"epoch": epoch.id}
+    return {"epoch": epoch.id, **_warnings(ctx)}
+
+
+def _warnings(ctx: DaemonHost) -> dict:
+    """``{"warnings": [...]}`` while something needs the user's attention (today: an
+    invalid ``.rewindignore`` whose previous rules are still in force), else ``{}``."""
+    problem = ctx.fs.rules_problem
+    return {"warnings": [problem]} if problem else {}
 
 
 async def turn_end(ctx: DaemonHost, params: dict, emit) -> dict:
@@ -63,9 +70,11 @@ async def turn_end(ctx: DaemonHost, params: dict, emit) -> dict:
     async with ctx.mutation_lock:
         await ctx.flush_writes()
         # no await until set_epoch (see turn_begin); another session's turn stays open
+        before = ctx.store.current_epoch(ctx.ws).id
         epoch = ctx.store.end_turn(ctx.ws, session, flush=False)
         ctx.fs.set_epoch(epoch.id)
-    return {"epoch": epoch.id}
+    # ended: False when no turn was open (the current epoch is returned unchanged)
+    return {"epoch": epoch.id, "ended": epoch.id != before}
 
 
 async def status(ctx: DaemonHost, params: dict, emit) -> dict:
@@ -76,7 +85,7 @@ async def status(ctx: DaemonHost, params: dict, emit) -> dict:
         "socket": os.fsdecode(ctx.socket_path), "epoch": cur.id,
         "epoch_kind": cur.kind, "mounted": True, "pid": os.getpid(),
         "open_turn": open_turn.as_point() if open_turn else None,
-        "fs": ctx.fs.statistics(),
+        "fs": ctx.fs.statistics(), **_warnings(ctx),
     }
     bypass = await ctx.bypass_processes()
     if bypass:

@@ -46,6 +46,8 @@ def plan_dict(plan: engine.RewindPlan, *, with_changes: bool) -> dict:
     out = {"target": plan.target, **counts,
            "foreign": [{"path": os.fsdecode(p), "epoch": e.id, "kind": e.kind,
                         "session": e.session, "turn": e.turn} for p, e in plan.foreign]}
+    if plan.unrecorded:   # asked for, but no epoch since the point knows them
+        out["unrecorded"] = [os.fsdecode(p) for p in plan.unrecorded]
     damaged = plan.plan.damaged
     if damaged:
         out["damaged"] = [{"path": os.fsdecode(p), "message": reason}
@@ -89,8 +91,16 @@ def _run_rewind(ctx: RewindHost, make_plan, *, dry_run: bool, session, force: bo
 def _hooks(ctx: RewindHost) -> dict:
     """The engine's cache hooks: a daemon's, or none offline."""
     if ctx.live is None:
-        return {"invalidate": None, "epoch_changed": None}
-    return {"invalidate": ctx.live.invalidate, "epoch_changed": ctx.live.epoch_changed}
+        return {"invalidate": None, "epoch_changed": None, "rules": None}
+    return {"invalidate": ctx.live.invalidate, "epoch_changed": ctx.live.epoch_changed,
+            "rules": _rules(ctx)}
+
+
+def _rules(ctx: RewindHost):
+    """The ignore rules in force: a mount's own (the previous ones while
+    ``.rewindignore`` is invalid, invariant 7: what it never captured it never
+    restores), or None: the engine reads the file, and refuses an invalid one."""
+    return None if ctx.live is None else ctx.live.ignore_rules()
 
 
 def _writers(ctx: RewindHost):
@@ -110,7 +120,7 @@ def rewind_sync(ctx: RewindHost, params: dict, send) -> dict:
     undo_for = opt_str(params, "undo_for", "rewind")
     dry_run, force = flag(params, "dry_run", "rewind"), flag(params, "force", "rewind")
     make = functools.partial(engine.plan_rewind, ctx.root_fd, ctx.store, ctx.ws, to,
-                             paths=paths, session=session)
+                             paths=paths, session=session, rules=_rules(ctx))
     # undo_for: the rewind is attributed to that session, so its `redo` finds it.
     return _run_rewind(ctx, make, dry_run=dry_run, force=force, send=send,
                        session=undo_for if undo_for is not None else session)
@@ -120,7 +130,7 @@ def redo_sync(ctx: RewindHost, params: dict, send) -> dict:
     session = opt_str(params, "session", "redo")
     dry_run, force = flag(params, "dry_run", "redo"), flag(params, "force", "redo")
     make = functools.partial(engine.plan_redo, ctx.root_fd, ctx.store, ctx.ws,
-                             session=session)
+                             session=session, rules=_rules(ctx))
     return _run_rewind(ctx, make, dry_run=dry_run, force=force, session=session, send=send)
 
 

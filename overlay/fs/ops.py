@@ -64,6 +64,7 @@ from rewindfs.overlay.tree import syscalls
 from rewindfs.overlay.tree.fdbudget import EXHAUSTED
 from rewindfs.overlay.capture import capture, rename_paths
 from rewindfs.overlay.tree.ignore import IGNORE_FILE, IgnoreRules
+from rewindfs.overlay.errors import BadIgnoreRules
 from rewindfs.overlay.fs.inodes import InodeTable, child
 from rewindfs.overlay.fs.notify import Notifier
 from rewindfs.overlay.tree.walk import open_parent, split
@@ -153,7 +154,8 @@ class RewindOperations(pyfuse3.Operations):
         self.enable_writeback_cache = writeback
         self.timeout = timeout
         self.table = InodeTable(root_fd)
-        self.rules = IgnoreRules.load(root_fd)
+        self.rules = IgnoreRules.load(root_fd)   # invalid: BadIgnoreRules, no mount
+        self.rules_problem: str | None = None    # why a newer .rewindignore is not used
         self.links = InodeIndex(root_fd, self.rules)   # walked at its first use only
         self.epoch_id = store.current_epoch(ws).id
         self.captured: set[bytes] = set()
@@ -187,7 +189,18 @@ class RewindOperations(pyfuse3.Operations):
         self.set_epoch(self.store.current_epoch(self.ws).id)
 
     def reload_rules(self) -> None:
-        self.rules = IgnoreRules.load(self.root_fd)
+        """Read ``.rewindignore`` again (it was written, renamed, removed or restored).
+        An invalid pattern keeps the previous rules in force — the write itself stands,
+        it is the user's file — and leaves the reason in ``rules_problem`` for
+        ``status`` and ``turn.begin`` to report until a valid file replaces it."""
+        try:
+            rules = IgnoreRules.load(self.root_fd)
+        except BadIgnoreRules as exc:
+            self.rules_problem = exc.kept_previous()
+            log.warning("%s", self.rules_problem)
+            return
+        self.rules_problem = None
+        self.rules = rules
         self.links = InodeIndex(self.root_fd, self.rules)
         self._token = object()
 
@@ -923,8 +936,11 @@ class RewindOperations(pyfuse3.Operations):
         """``invalidate`` of each path; a parent's attributes are dropped once per call,
         not once per child (a rewind landing 1,000 files in a directory)."""
         parents: dict[int, None] = {}
+        relpaths = list(relpaths)
         # The restore engine changed names behind the handlers: walk again when needed.
         self.links = InodeIndex(self.root_fd, self.rules)
+        if IGNORE_FILE in relpaths:     # a rewind put another .rewindignore back
+            self.reload_rules()
         for relpath in relpaths:
             head, name = split(relpath)
             node = self.table.by_path.get(relpath)

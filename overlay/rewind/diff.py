@@ -146,7 +146,7 @@ def open_content(root_fd: int, store, ws: int, epoch: int | None, path: bytes, *
     if img.kind == "symlink":
         return Content(len(img.target), _Inline(img.target), chunk=chunk)
     if img.kind != "file":
-        raise NotAFile(path=path, what=f"a {img.kind}", point=epoch if epoch else "now")
+        raise NotAFile(path=path, what=f"a {img.kind}", point=f"e{epoch}" if epoch else "now")
     if stored is not None:
         return Content(img.size, _Blob(store.iter_blob(img.blob)), chunk=chunk)
     now = _FdChunks(_open_now(root_fd, path), chunk)

@@ -103,6 +103,8 @@ class RewindPlan:
     items: list[PlannedAction]
     foreign: list[tuple[bytes, object]] = field(default_factory=list)
     requested: list[bytes] | None = None   # the ``paths`` filter, for the intent
+    rules: IgnoreRules | None = None       # the rules it was classified under
+    unrecorded: list[bytes] = field(default_factory=list)  # requested, no epoch knows
 
     def counts(self) -> dict[str, int]:
         out = dict.fromkeys(CHANGES, 0)
@@ -204,14 +206,17 @@ def _is_ignored(rules: IgnoreRules, action) -> bool:
 # -- planning -----------------------------------------------------------------------
 
 def plan_rewind(root_fd: int, store, ws: int, to, *, paths=None,
-                session: str | None = None) -> RewindPlan:
+                session: str | None = None, rules: IgnoreRules | None = None) -> RewindPlan:
     """Resolve ``to`` (absolute point; relative → ``BadPoint``), build the store plan
     and classify each action against the real tree under ``root_fd``.  Reads only
-    (content is hashed, nothing is stored)."""
+    (content is hashed, nothing is stored).  ``rules``: the ignore rules in force (a
+    live mount's); else ``.rewindignore`` is read (``BadIgnoreRules`` if invalid)."""
     requested = None if paths is None else [check_relpath(p) for p in paths]
     target = store.resolve_point(ws, to, session)
     plan = _without_temps(store.plan(ws, target, requested))
-    rules, groups, items = IgnoreRules.load(root_fd), _Groups(), []
+    if rules is None:
+        rules = IgnoreRules.load(root_fd)
+    groups, items = _Groups(), []
     dirs = _dir_cache(root_fd)
     try:
         for action in plan:
@@ -219,7 +224,16 @@ def plan_rewind(root_fd: int, store, ws: int, to, *, paths=None,
     finally:
         dirs.close()
     return RewindPlan(target, plan, items, _foreign(store, ws, target, requested, session),
-                      requested)
+                      requested, rules, _unrecorded(requested, plan))
+
+
+def _unrecorded(requested: list[bytes] | None, plan: Plan) -> list[bytes]:
+    """The requested paths no epoch since the point touched (neither they nor anything
+    below them): the point knows nothing of them, so a rewind leaves them as they are."""
+    if not requested:
+        return []
+    return [r for r in requested
+            if r and not any(p == r or p.startswith(r + b"/") for p in plan.paths)]
 
 
 def _without_temps(plan: Plan) -> Plan:
@@ -270,12 +284,13 @@ def _foreign(store, ws, target, paths, session):
     return out
 
 
-def plan_redo(root_fd: int, store, ws: int, *, session: str | None = None) -> RewindPlan:
+def plan_redo(root_fd: int, store, ws: int, *, session: str | None = None,
+              rules: IgnoreRules | None = None) -> RewindPlan:
     """Undo the newest rewind (of ``session`` if given): plan a rewind to its start."""
     newest = store.newest_rewind(ws, session)
     if newest is None:
         raise NothingToRedo(scope=f" of session {session}" if session else "")
-    return plan_rewind(root_fd, store, ws, f"e{newest.id}", session=None)
+    return plan_rewind(root_fd, store, ws, f"e{newest.id}", session=None, rules=rules)
 
 
 # -- applying -----------------------------------------------------------------------
@@ -367,9 +382,8 @@ def _adopt_group(run: _Run, img) -> None:
             return
 
 
-def _new_run(root_fd, store, ws, epoch_id, progress, invalidate, writers=None,
-             fence=None) -> _Run:
-    rules = IgnoreRules.load(root_fd)
+def _new_run(root_fd, store, ws, epoch_id, progress, invalidate, rules: IgnoreRules,
+             writers=None, fence=None) -> _Run:
     return _Run(root_fd, store, ws, epoch_id, progress, invalidate, rules,
                 _dir_cache(root_fd), InodeIndex(root_fd, rules), writers=writers,
                 fence=fence)
@@ -454,7 +468,8 @@ def _capture_all(run: _Run, todo: list[bytes]) -> None:
 
 def apply_plan(root_fd: int, store, ws: int, plan, *, session: str | None,
                progress=None, invalidate=None, force: bool = False,
-               epoch_changed=None, writers=None, fence=None) -> RestoreResult:
+               epoch_changed=None, writers=None, fence=None,
+               rules: IgnoreRules | None = None) -> RestoreResult:
     """Apply ``plan`` (a ``RewindPlan`` or a store ``Plan``) as a new ``rewind`` epoch
     attributed to ``session``.  ``progress(event)`` gets ``{"type": "rewind.written" |
     "rewind.deleted" | "rewind.failed", "path": bytes, …}``; ``invalidate(relpath)`` is
@@ -465,9 +480,15 @@ def apply_plan(root_fd: int, store, ws: int, plan, *, session: str | None,
     (``rewind.adopt``); without it every pre-image is a copy.  ``fence`` (the
     daemon: ``fence_rewind``/``unfence_rewind``) refuses changes through the mount to
     the plan's paths while the run lands them (invariant 14); without it (an unmounted
-    workspace) there is no mount to fence.  See the module contract for ordering."""
+    workspace) there is no mount to fence.  ``rules``: the ignore rules in force, else
+    the plan's, else ``.rewindignore`` read before the rewind epoch opens (so an invalid
+    file refuses the rewind with nothing changed).  See the module contract for ordering."""
     store_plan = plan.plan if isinstance(plan, RewindPlan) else plan
     requested = plan.requested if isinstance(plan, RewindPlan) else sorted(store_plan.paths)
+    if rules is None:
+        rules = plan.rules if isinstance(plan, RewindPlan) else None
+    if rules is None:
+        rules = IgnoreRules.load(root_fd)
     turn = store.open_turn(ws)
     if turn is not None and not force:
         raise TurnOpen(turn=turn.turn, session=turn.session)
@@ -477,7 +498,7 @@ def apply_plan(root_fd: int, store, ws: int, plan, *, session: str | None,
     store.put_intent(ws, {"v": 1, "epoch": epoch.id, "target": store_plan.target,
                           "paths": requested, "session": session})
     items = plan.items if isinstance(plan, RewindPlan) else None
-    run = _new_run(root_fd, store, ws, epoch.id, progress, invalidate, writers, fence)
+    run = _new_run(root_fd, store, ws, epoch.id, progress, invalidate, rules, writers, fence)
     try:
         result = _land_all(run, store_plan, items)
     finally:
@@ -798,7 +819,8 @@ def _fsync_dirs(run: _Run) -> None:
 # -- recovery -----------------------------------------------------------------------
 
 def recover(root_fd: int, store, ws: int, *, progress=None, invalidate=None,
-            epoch_changed=None, fence=None) -> RestoreResult | None:
+            epoch_changed=None, fence=None,
+            rules: IgnoreRules | None = None) -> RestoreResult | None:
     """Finish an interrupted rewind from its intent (roll forward), then clear it.
 
     Returns ``None`` without an intent.  Re-plans the intent's point and lands what is
@@ -812,8 +834,10 @@ def recover(root_fd: int, store, ws: int, *, progress=None, invalidate=None,
     still_open = current.id == rewind_id and current.kind == "rewind"
     log.warning("recovering interrupted rewind (epoch %s, to point %s)", rewind_id, target)
     plan = _without_temps(store.plan(ws, target, intent.get("paths")))
+    if rules is None:    # an invalid file: BadIgnoreRules, the intent stays for later
+        rules = IgnoreRules.load(root_fd)
     run = _new_run(root_fd, store, ws, rewind_id if still_open else current.id, progress,
-                   invalidate, fence=fence)
+                   invalidate, rules, fence=fence)
     try:
         _sweep(run.dirs, plan)
         result = _land_all(run, plan, None)

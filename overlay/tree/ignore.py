@@ -14,6 +14,8 @@ import os
 
 import pathspec
 
+from rewindfs.overlay.errors import BadIgnoreRules
+
 log = logging.getLogger(__name__)
 
 __all__ = ["IGNORE_FILE", "IgnoreRules"]
@@ -32,7 +34,11 @@ class IgnoreRules:
 
     @classmethod
     def load(cls, root_fd: int) -> "IgnoreRules":
-        """Read ``.rewindignore`` from the root (not following a symlink); empty if absent."""
+        """Read ``.rewindignore`` from the root (not following a symlink); empty if it is
+        absent or not a readable file.  A pattern gitignore syntax rejects (``!``, a
+        trailing ``\\``) raises ``BadIgnoreRules`` naming its line: the caller decides
+        between refusing (mount, an offline rewind) and keeping its previous rules (a
+        live mount, ``fs.ops.reload_rules``) — never half a rule set."""
         try:
             fd = os.open(IGNORE_FILE, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC,
                          dir_fd=root_fd)
@@ -40,10 +46,22 @@ class IgnoreRules:
             return cls()
         try:
             data = os.read(fd, _MAX_RULES_BYTES)
+        except OSError:     # a directory named .rewindignore, EIO: no rules, as absent
+            return cls()
         finally:
             os.close(fd)
-        text = data.decode("utf-8", "surrogateescape")
-        return cls(text.splitlines())
+        # Lines as git and an editor count them: split on LF only, CRLF tolerated.
+        lines = [line.removesuffix("\r")
+                 for line in data.decode("utf-8", "surrogateescape").split("\n")]
+        try:
+            return cls(lines)
+        except ValueError:      # pathspec's GitIgnorePatternError
+            for number, line in enumerate(lines, 1):
+                try:
+                    pathspec.GitIgnoreSpec.from_lines([line])
+                except ValueError:
+                    raise BadIgnoreRules(line=number, pattern=line) from None
+            raise   # the set fails but no line alone does: not ours to name
 
     def ignored(self, relpath: bytes, is_dir: bool = False) -> bool:
         """True if *relpath* (or one of its parent directories) matches a rule."""

@@ -1,0 +1,104 @@
+"""Issue 14 on a live mount: an invalid ``.rewindignore`` keeps the previous rules and
+says so, a mount over one is refused, ``turn end`` without a turn says so, and session
+names reach the terminal escaped.  Real daemons, real ``rewindfs`` subprocesses.
+
+Each test failed before issue 14: closing the bad ``.rewindignore`` returned EIO (a raw
+``GitIgnorePatternError`` in the handler), the mount over one died with an internal
+error, ``turn end`` printed "turn ended" with no turn, and ``ESC`` reached stdout.
+"""
+
+from __future__ import annotations
+
+import json
+
+from mountkit import cli, is_rewindfs_mount, mounted
+
+ESC = "\x1b[31mred"
+PROBLEM = "`.rewindignore` line 2: invalid pattern `!`"
+
+
+def _records(res) -> list[dict]:
+    return [json.loads(line) for line in res.stdout.splitlines()]
+
+
+def test_invalid_ignore_file_keeps_the_previous_rules_and_says_so(tmp_path):
+    ws, store = tmp_path / "ws", tmp_path / "store"
+    ws.mkdir()
+    (ws / ".rewindignore").write_text("*.log\n")
+    with mounted(ws, store) as m:
+        # the user's write is accepted (no EIO at close)
+        (m.ws / ".rewindignore").write_text("*.txt\n!\n")
+        assert (m.ws / ".rewindignore").read_text() == "*.txt\n!\n"
+        res = cli("status", "-C", ws, store=store)
+        assert res.returncode == 0, res.stderr
+        assert PROBLEM + "; the previous rules are in force" in res.stderr, res.stderr
+        js = cli("--json", "status", "-C", ws, store=store)
+        status = [r for r in _records(js) if r["type"] == "status"][0]
+        assert status["warnings"] == [PROBLEM + "; the previous rules are in force."]
+
+        res = cli("turn", "begin", "--session", "s", "--turn", "1", "-C", ws, store=store)
+        assert res.returncode == 0 and PROBLEM in res.stderr, res
+        (m.ws / "b.log").write_text("ignored by the previous rules\n")
+        (m.ws / "c.txt").write_text("ignored only by the half-valid new file\n")
+        assert cli("turn", "end", "-C", ws, store=store).returncode == 0
+        res = cli("--json", "diff", "t1", "--session", "s", "-C", ws, store=store)
+        assert res.returncode == 0, res.stderr
+        changed = {r["path"] for r in _records(res) if r["type"] == "diff.change"}
+        assert "c.txt" in changed and "b.log" not in changed, changed
+
+        # a mounted rewind restores by the rules in force: c.txt goes, b.log stays
+        res = cli("rewind", "t1", "--session", "s", "-C", ws, store=store)
+        assert res.returncode == 0, res.stderr
+        assert not (m.ws / "c.txt").exists() and (m.ws / "b.log").exists()
+
+        (m.ws / ".rewindignore").write_text("*.log\n")      # fixed: the warning goes
+        res = cli("status", "-C", ws, store=store)
+        assert res.returncode == 0 and ".rewindignore" not in res.stderr, res.stderr
+        res = cli("turn", "begin", "--session", "s", "--turn", "2", "-C", ws, store=store)
+        assert res.returncode == 0 and res.stderr == "", res.stderr
+
+
+def test_mount_over_an_invalid_ignore_file_is_refused(tmp_path):
+    ws, store = tmp_path / "ws", tmp_path / "store"
+    ws.mkdir()
+    (ws / ".rewindignore").write_text("# build output\n!\n")
+    try:
+        for extra in ([], ["--foreground"]):
+            res = cli("mount", ws, *extra, store=store, timeout=60)
+            assert res.returncode == 2, (extra, res)
+            assert PROBLEM in res.stderr and "Traceback" not in res.stderr, res.stderr
+            assert not is_rewindfs_mount(ws)
+    finally:
+        if is_rewindfs_mount(ws):
+            cli("unmount", ws, store=store)
+
+
+def test_turn_end_without_an_open_turn_says_so(tmp_path):
+    ws, store = tmp_path / "ws", tmp_path / "store"
+    with mounted(ws, store):
+        res = cli("turn", "end", "-C", ws, store=store)
+        assert res.returncode == 0, res.stderr
+        assert "no turn was open" in res.stdout and "turn ended" not in res.stdout
+        assert _records(cli("--json", "turn", "end", "-C", ws, store=store))[0]["ended"] is False
+        assert cli("turn", "begin", "--session", "s", "--turn", "1", "-C", ws,
+                   store=store).returncode == 0
+        res = cli("turn", "end", "-C", ws, store=store)
+        assert res.returncode == 0 and "turn ended" in res.stdout, res
+
+
+def test_session_names_are_escaped_in_turn_status_and_errors(tmp_path):
+    ws, store = tmp_path / "ws", tmp_path / "store"
+    with mounted(ws, store):
+        res = cli("turn", "begin", "--session", ESC, "--turn", "1", "--label", "x\x1b[2Jy",
+                  "-C", ws, store=store)
+        assert res.returncode == 0, res.stderr
+        assert "\x1b" not in res.stdout and "\\x1b[31mred" in res.stdout, res.stdout
+        res = cli("status", "-C", ws, store=store)
+        assert res.returncode == 0, res.stderr
+        assert "\x1b" not in res.stdout + res.stderr and "\\x1b[31mred" in res.stdout
+        # refused: another session's turn is open; the message names it, escaped
+        res = cli("turn", "begin", "--session", "other", "--turn", "1", "-C", ws, store=store)
+        assert res.returncode == 2, res
+        assert "\x1b" not in res.stderr and "\\x1b[31mred" in res.stderr, res.stderr
+        res = cli("turn", "end", "-C", ws, store=store)
+        assert res.returncode == 0
