@@ -2,9 +2,10 @@
 says so, a mount over one is refused, ``turn end`` without a turn says so, and session
 names reach the terminal escaped.  Real daemons, real ``rewindfs`` subprocesses.
 
-Each test failed before issue 14: closing the bad ``.rewindignore`` returned EIO (a raw
-``GitIgnorePatternError`` in the handler), the mount over one died with an internal
-error, ``turn end`` printed "turn ended" with no turn, and ``ESC`` reached stdout.
+Each test failed before issue 14: after a bad ``.rewindignore`` was written, ``status``
+said nothing (the daemon's reload raised ``GitIgnorePatternError`` inside the release
+handler), the mount over one failed with that raw exception, ``turn end`` printed "turn
+ended" with no turn open, and ``ESC`` reached stdout.
 """
 
 from __future__ import annotations
