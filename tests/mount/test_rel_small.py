@@ -103,3 +103,28 @@ def test_session_names_are_escaped_in_turn_status_and_errors(tmp_path):
         assert "\x1b" not in res.stderr and "\\x1b[31mred" in res.stderr, res.stderr
         res = cli("turn", "end", "-C", ws, store=store)
         assert res.returncode == 0
+
+
+def test_a_rewind_that_restores_the_ignore_file_puts_its_rules_in_force(tmp_path):
+    """The mount's rewinds restore by the mount's rules, so those must follow a
+    ``.rewindignore`` the rewind itself puts back (it lands behind the handlers)."""
+    ws, store = tmp_path / "ws", tmp_path / "store"
+    ws.mkdir()
+    (ws / ".rewindignore").write_text("*.log\n")
+    with mounted(ws, store) as m:
+        assert cli("turn", "begin", "--session", "s", "--turn", "1", "-C", ws,
+                   store=store).returncode == 0
+        (m.ws / ".rewindignore").write_text("*.tmp\n")
+        assert cli("turn", "end", "-C", ws, store=store).returncode == 0
+        res = cli("rewind", "t1", "--session", "s", "-C", ws, store=store)
+        assert res.returncode == 0, res.stderr
+        # (no read of .rewindignore here: closing it would reload the rules anyway)
+        assert cli("turn", "begin", "--session", "s", "--turn", "2", "-C", ws,
+                   store=store).returncode == 0
+        (m.ws / "x.log").write_text("ignored again\n")
+        (m.ws / "y.tmp").write_text("recorded again\n")
+        assert cli("turn", "end", "-C", ws, store=store).returncode == 0
+        res = cli("--json", "diff", "t2", "--session", "s", "-C", ws, store=store)
+        changed = {r["path"] for r in _records(res) if r["type"] == "diff.change"}
+        assert changed == {"y.tmp"}, changed
+        assert (m.ws / ".rewindignore").read_text() == "*.log\n"
