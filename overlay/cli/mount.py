@@ -157,14 +157,14 @@ def cmd_mount(args, out) -> int:
 
         def ready():
             out.emit("mounted", workspace=os.fsdecode(real), pid=os.getpid(), socket=sock)
-            out.say(f"mounted {os.fsdecode(real)} (pid {os.getpid()})")
+            out.say(f"mounted {escape(os.fsdecode(real))} (pid {os.getpid()})")
 
         return daemon.serve_mount(args.dir, store, recover=args.recover, ready=ready,
                                    writeback=args.writeback)
     spawn_daemon(args.dir, store, recover=args.recover)
     out.emit("mounted", workspace=os.fsdecode(real),
              socket=os.fsdecode(control_socket_path(store, real)))
-    out.say(f"mounted {os.fsdecode(real)}")
+    out.say(f"mounted {escape(os.fsdecode(real))}")
     return 0
 
 
