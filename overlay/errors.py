@@ -75,6 +75,18 @@ class UsageError(RewindfsError):
     exit_code = EXIT_USAGE
 
 
+class ForeignMount(RewindfsError):
+    """{path} is served by a rewindfs daemon of uid {uid}; only that user or root can control it."""
+
+    code = "foreign-mount"
+
+
+class MountBusy(RewindfsError):
+    """{path} is in use by {holders}; nothing was unmounted. Let them leave (cd out, close the files) and try again, or detach anyway with `rewindfs unmount --lazy {path}`."""
+
+    code = "mount-busy"
+
+
 # -- the control protocol -----------------------------------------------------
 
 
