@@ -166,8 +166,8 @@ _SYSTEM_TREES = (b"/proc", b"/sys", b"/dev")
 def check_place(real: bytes, store_path) -> None:
     """Raise ``RefusedWorkspace`` (exit 2) if the real path *real* is a directory other
     people's or programs' files live in; ``ForeignMount`` if it is at or inside another
-    uid's mounted workspace.  Reads only paths, ``/proc/self/mountinfo`` and the user
-    database: it never stats through a mount, never writes.
+    uid's mounted workspace.  Reads ``/proc/self/mountinfo`` and the user database
+    (resolving each home with ``realpath``); it never writes and never stats *real*.
 
     Refused, each with its reason: ``/``; a shared directory (``_SHARED``) or anything
     under ``/proc``, ``/sys``, ``/dev``; the home directory itself; the parent of a home
@@ -206,23 +206,22 @@ def check_place(real: bytes, store_path) -> None:
     if is_inside(runtime, real) or is_inside(real, runtime):
         raise RefusedWorkspace(path=shown, reason=f"the daemons' socket directory "
                                                   f"{os.fsdecode(runtime)} is there")
-    for mnt in mount_table():
-        if mnt.point == real:
-            if mnt.fstype == b"fuse.rewindfs":
-                check_mount_owner(mnt)     # ours: the caller says AlreadyMounted
-            continue
+    mounts = mount_table()
+    for mnt in mounts:
         if mnt.fstype == b"fuse.rewindfs" and is_inside(real, mnt.point):
-            check_mount_owner(mnt)
-            raise RefusedWorkspace(path=shown, reason=f"it is inside the mounted workspace "
-                                                      f"{os.fsdecode(mnt.point)}")
-    below = [m for m in mount_table() if m.point != real and is_inside(m.point, real)]
+            check_mount_owner(mnt)         # at *real* and ours: the caller's AlreadyMounted
+            if mnt.point != real:
+                raise RefusedWorkspace(path=shown, reason=f"it is inside the mounted "
+                                                          f"workspace {os.fsdecode(mnt.point)}")
+    below = [m for m in mounts if m.point != real and is_inside(m.point, real)]
     for mnt in below:
         if mnt.fstype == b"fuse.rewindfs":
             raise RefusedWorkspace(path=shown, reason=f"the mounted workspace "
                                                       f"{os.fsdecode(mnt.point)} is inside it")
     if below:
-        raise RefusedWorkspace(path=shown, reason=f"{os.fsdecode(below[0].point)} is "
-                                                  f"mounted inside it ({os.fsdecode(below[0].fstype)}); "
+        first = below[0]
+        raise RefusedWorkspace(path=shown, reason=f"{os.fsdecode(first.point)} is mounted "
+                                                  f"inside it ({os.fsdecode(first.fstype)}); "
                                                   f"a workspace must be one file system")
 
 
