@@ -160,6 +160,36 @@ def test_unmount_when_idle_still_just_unmounts(tmp_path):
         assert not is_rewindfs_mount(m.ws)
 
 
+def test_a_process_in_the_bare_directory_does_not_keep_the_mount_busy(tmp_path):
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    bare = subprocess.Popen(["sleep", "600"], cwd=ws)   # entered before the mount
+    try:
+        with mounted(ws, tmp_path / "store") as m:
+            res = cli("unmount", m.ws, store=m.store)
+            assert res.returncode == 0, res.stderr
+            assert f"pid {bare.pid}" not in res.stdout + res.stderr
+            assert not is_rewindfs_mount(m.ws)
+    finally:
+        _stop(bare)
+
+
+def test_run_names_what_its_command_left_running_inside(tmp_path):
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    pidfile = tmp_path / "bg.pid"
+    script = f"sleep 600 >/dev/null 2>&1 & echo $! > {pidfile}"
+    res = cli("run", "--", "sh", "-c", script, store=tmp_path / "store", cwd=ws)
+    pid = int(pidfile.read_text())
+    try:
+        assert res.returncode == 0, res.stderr
+        assert f"pid {pid} (sleep 600: cwd)" in res.stderr, res.stderr
+        assert not is_rewindfs_mount(ws)
+    finally:
+        os.kill(pid, 9)
+        _cleanup(ws)
+
+
 # -- another uid -------------------------------------------------------------------------
 
 NOBODY = 65534
