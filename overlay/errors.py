@@ -100,6 +100,17 @@ class BadIgnoreRules(RewindfsError):
         return type(self)(line=self.details["line"], pattern=self.details["pattern"],
                           outcome="the previous rules are in force").message
 
+class ForeignMount(RewindfsError):
+    """{path} is served by a rewindfs daemon of uid {uid}; only that user or root can control it."""
+
+    code = "foreign-mount"
+
+
+class MountBusy(RewindfsError):
+    """{path} is in use by {holders}; nothing was unmounted. Let them leave (cd out, close the files) and try again, or detach anyway with `rewindfs unmount --lazy {path}`."""
+
+    code = "mount-busy"
+
 
 # -- the control protocol -----------------------------------------------------
 

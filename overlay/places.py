@@ -11,17 +11,22 @@ from __future__ import annotations
 import errno
 import os
 import pathlib
+import pwd
 import socket
 import stat
 import struct
 import subprocess
+import typing
 
 from rewindfs.plugin._paths import control_socket_path, default_store_path, find_socket
 from rewindfs.store._errors import StoreInsideWorkspace
 from rewindfs.store._location import is_inside  # noqa: F401  (re-exported for overlay modules)
-from rewindfs.overlay.errors import BadWorkspace, RefusedWorkspace, StaleMount, UnsafeRuntimeDir, UnsafeSocket
+from rewindfs.overlay.errors import (BadWorkspace, ForeignMount, RefusedWorkspace, StaleMount,
+                                     UnsafeRuntimeDir, UnsafeSocket)
 
-__all__ = ["check_socket_owner", "control_socket_path", "default_store_path", "find_socket", "ensure_runtime_dir", "open_log", "resolve_store_path", "check_workspace", "is_inside"]
+__all__ = ["check_socket_owner", "control_socket_path", "default_store_path", "find_socket", "ensure_runtime_dir", "open_log", "resolve_store_path", "check_workspace", "check_place", "is_inside",
+           "mount_table", "enclosing_rewindfs_mount", "check_mount_owner",
+           "mount_users", "rewindfs_mount_at"]
 
 
 def _fs(path) -> bytes:
@@ -122,13 +127,18 @@ def peer_uid(sock) -> int:
 def check_workspace(dir_path, store_path) -> bytes:
     """Validate a workspace directory and return its real path (bytes).
 
-    Refuses: a missing path or a non-directory (``BadWorkspace``), ``/`` or the home
-    directory itself (``RefusedWorkspace``), a store inside the workspace
-    (``StoreInsideWorkspace``).  Mount state is checked by the daemon, not here.
+    Refuses, before anything is written or mounted (``rewindfs mount`` calls it in the
+    CLI before it forks the daemon, and in the daemon before it opens the store): a
+    place other people's or programs' files live in (``check_place``:
+    ``RefusedWorkspace``, or ``ForeignMount`` for another uid's workspace), a missing
+    path or a non-directory (``BadWorkspace``), a dead daemon's mount (``StaleMount``),
+    a store inside the workspace (``StoreInsideWorkspace``).  Whether *this* directory
+    is already mounted by us is the caller's check (``AlreadyMounted``).
     """
     raw = _fs(dir_path)
     real = os.path.realpath(raw)
     name = os.fsdecode(raw)
+    check_place(real, store_path)
     try:
         st = os.stat(real)
         os.statvfs(real)  # never answered from a cache: a dead daemon's mount shows here
@@ -140,17 +150,89 @@ def check_workspace(dir_path, store_path) -> bytes:
         raise BadWorkspace(path=name, reason=exc.strerror) from None
     if not stat.S_ISDIR(st.st_mode):
         raise BadWorkspace(path=name, reason="not a directory")
-    if real == b"/":
-        raise RefusedWorkspace(path="/", reason="the root directory cannot be a workspace")
-    home = os.path.realpath(os.path.expanduser(b"~"))
-    if real == home:
-        raise RefusedWorkspace(path=os.fsdecode(real),
-                               reason="the home directory itself cannot be a workspace; "
-                                      "pick a project directory")
     store_real = os.path.realpath(_fs(store_path))
     if is_inside(store_real, real):
         raise StoreInsideWorkspace(store=os.fsdecode(store_real), workspace=os.fsdecode(real))
     return real
+
+
+# Directories every user and program shares: a mount over one hides their files (and
+# every daemon's socket, tmux's, X's) from everyone.  Their subdirectories are fine
+# (a project under /tmp is usual), except under the kernel's own trees.
+_SHARED = (b"/tmp", b"/var/tmp", b"/dev/shm", b"/run")
+_SYSTEM_TREES = (b"/proc", b"/sys", b"/dev")
+
+
+def check_place(real: bytes, store_path) -> None:
+    """Raise ``RefusedWorkspace`` (exit 2) if the real path *real* is a directory other
+    people's or programs' files live in; ``ForeignMount`` if it is at or inside another
+    uid's mounted workspace.  Reads ``/proc/self/mountinfo`` and the user database
+    (resolving each home with ``realpath``); it never writes and never stats *real*.
+
+    Refused, each with its reason: ``/``; a shared directory (``_SHARED``) or anything
+    under ``/proc``, ``/sys``, ``/dev``; the home directory itself; the parent of a home
+    (``$HOME``'s, and every user database entry's: ``/home``, but also ``/var`` or
+    ``/var/lib`` where services keep theirs); the daemons' socket directory or a
+    directory containing it; a directory inside or above a mounted rewindfs workspace
+    (two daemons would capture the same files into two histories); a directory with
+    any other mount below it (the daemon serves one file system through one root fd,
+    so the files of the mount below would be hidden, and the mount left unreachable
+    to unmount).
+
+    Workspaces the store knows but nobody serves are not refused: that history is not
+    a live conflict, and with no ``--force`` and no way to forget a workspace, a
+    refusal on it would lock the parent out for good.
+    """
+    shown = os.fsdecode(real)
+    if real == b"/":
+        raise RefusedWorkspace(path="/", reason="the root directory cannot be a workspace")
+    if real in _SHARED:
+        raise RefusedWorkspace(path=shown, reason="it is a shared directory other users' "
+                                                  "and programs' files live in; pick a "
+                                                  "project directory inside it")
+    for tree in _SYSTEM_TREES:
+        if is_inside(real, tree):
+            raise RefusedWorkspace(path=shown, reason=f"it is in the system's "
+                                                      f"{os.fsdecode(tree)} tree")
+    home = os.path.realpath(os.path.expanduser(b"~"))
+    if real == home:
+        raise RefusedWorkspace(path=shown,
+                               reason="the home directory itself cannot be a workspace; "
+                                      "pick a project directory")
+    if real in _home_parents(home):
+        raise RefusedWorkspace(path=shown, reason="it holds users' home directories; "
+                                                  "pick a project directory")
+    runtime = os.path.dirname(control_socket_path(store_path, real))
+    if is_inside(runtime, real) or is_inside(real, runtime):
+        raise RefusedWorkspace(path=shown, reason=f"the daemons' socket directory "
+                                                  f"{os.fsdecode(runtime)} is there")
+    mounts = mount_table()
+    for mnt in mounts:
+        if mnt.fstype == b"fuse.rewindfs" and is_inside(real, mnt.point):
+            check_mount_owner(mnt)         # at *real* and ours: the caller's AlreadyMounted
+            if mnt.point != real:
+                raise RefusedWorkspace(path=shown, reason=f"it is inside the mounted "
+                                                          f"workspace {os.fsdecode(mnt.point)}")
+    below = [m for m in mounts if m.point != real and is_inside(m.point, real)]
+    for mnt in below:
+        if mnt.fstype == b"fuse.rewindfs":
+            raise RefusedWorkspace(path=shown, reason=f"the mounted workspace "
+                                                      f"{os.fsdecode(mnt.point)} is inside it")
+    if below:
+        first = below[0]
+        raise RefusedWorkspace(path=shown, reason=f"{os.fsdecode(first.point)} is mounted "
+                                                  f"inside it ({os.fsdecode(first.fstype)}); "
+                                                  f"a workspace must be one file system")
+
+
+def _home_parents(home: bytes) -> set[bytes]:
+    """The parents of ``$HOME`` and of every home in the user database (``/`` aside)."""
+    homes = {home}
+    try:
+        homes.update(os.fsencode(p.pw_dir) for p in pwd.getpwall() if p.pw_dir)
+    except OSError:      # no user database: $HOME alone
+        pass
+    return {os.path.dirname(os.path.realpath(h)) for h in homes} - {b"/"}
 
 
 # -- the mount table ---------------------------------------------------------------------
@@ -167,16 +249,151 @@ def _unescape(field: bytes) -> bytes:
     return bytes(out)
 
 
-def find_rewindfs_mount(real_path: bytes) -> bool:
-    """True if /proc/self/mountinfo lists a ``fuse.rewindfs`` mount at *real_path*."""
+class MountEntry(typing.NamedTuple):
+    """One line of /proc/self/mountinfo: ``point`` (real path), ``dev`` (``st_dev`` of
+    its files), ``fstype`` (``fuse.rewindfs`` for ours), ``options`` (super options:
+    a FUSE mount's ``user_id=N`` names the uid that mounted it)."""
+
+    point: bytes
+    dev: int
+    fstype: bytes
+    options: bytes
+
+    def owner(self) -> int | None:
+        """The uid that mounted a FUSE file system (``user_id=``), else None."""
+        for opt in self.options.split(b","):
+            if opt.startswith(b"user_id="):
+                return int(opt[len(b"user_id="):])
+        return None
+
+
+def mount_table() -> list[MountEntry]:
+    """Every mount this process's mount namespace sees, from /proc/self/mountinfo."""
+    out = []
     with open("/proc/self/mountinfo", "rb") as f:
         for line in f:
             left, _, right = line.partition(b" - ")
-            fields = left.split()
-            if len(fields) > 4 and _unescape(fields[4]) == real_path:
-                if right.split(b" ", 1)[0] == b"fuse.rewindfs":
-                    return True
-    return False
+            fields, rest = left.split(), right.split()
+            if len(fields) < 5 or len(rest) < 3:
+                continue
+            major, _, minor = fields[2].partition(b":")
+            out.append(MountEntry(_unescape(fields[4]), os.makedev(int(major), int(minor)),
+                                  rest[0], rest[2]))
+    return out
+
+
+def rewindfs_mount_at(real_path: bytes) -> MountEntry | None:
+    """The ``fuse.rewindfs`` mount at *real_path* (the newest, if stacked), or None."""
+    found = None
+    for mnt in mount_table():
+        if mnt.point == real_path and mnt.fstype == b"fuse.rewindfs":
+            found = mnt
+    return found
+
+
+def find_rewindfs_mount(real_path: bytes) -> bool:
+    """True if /proc/self/mountinfo lists a ``fuse.rewindfs`` mount at *real_path*."""
+    return rewindfs_mount_at(real_path) is not None
+
+
+def enclosing_rewindfs_mount(real_path: bytes) -> MountEntry | None:
+    """The innermost ``fuse.rewindfs`` mount at or above *real_path*, or None."""
+    best = None
+    for mnt in mount_table():
+        if mnt.fstype == b"fuse.rewindfs" and is_inside(real_path, mnt.point):
+            if best is None or len(mnt.point) >= len(best.point):
+                best = mnt
+    return best
+
+
+def check_mount_owner(mnt: MountEntry) -> None:
+    """Raise ``ForeignMount`` (exit 2) if another uid's daemon serves *mnt* and we are
+    neither that uid nor root: its socket is in that user's runtime directory, which
+    we can neither find nor enter, and ``fusermount3`` would refuse us too."""
+    owner = mnt.owner()
+    me = os.getuid()
+    if owner is not None and owner != me and me != 0:
+        raise ForeignMount(path=os.fsdecode(mnt.point), uid=owner)
+
+
+class MountUser(typing.NamedTuple):
+    """A process that keeps a mount busy: ``pid``, ``command`` (its command line, cut
+    short) and ``how`` (``cwd``, ``root``, ``open file``, ``mapped file``)."""
+
+    pid: int
+    command: str
+    how: str
+
+    def __str__(self) -> str:
+        return f"pid {self.pid} ({self.command}: {self.how})"
+
+
+def mount_users(point: bytes, dev: int) -> list[MountUser]:
+    """Every other process with its working directory, its root, an open file or a
+    mapped file on the mount at *point* whose files have ``st_dev`` *dev* — what makes
+    a plain ``umount`` fail with EBUSY.
+
+    A link in /proc (``cwd``, ``root``, ``fd/N``) is taken only if its path is under
+    *point* and ``stat`` through it shows *dev*: a process left in the bare directory
+    under the mount has the same path but not the mount's device, and does not keep it
+    busy.  Processes we may not inspect (another uid's, when not root) are not seen.
+    """
+    me = os.getpid()
+    users = []
+    for name in os.listdir(b"/proc"):
+        if not name.isdigit() or int(name) == me:
+            continue
+        proc = b"/proc/" + name
+        how = _holds(proc, point, dev)
+        if how is not None:
+            users.append(MountUser(int(name), _command(proc), how))
+    return sorted(users)
+
+
+def _on_mount(link: bytes, point: bytes, dev: int) -> bool:
+    try:
+        return is_inside(os.readlink(link), point) and os.stat(link).st_dev == dev
+    except OSError:       # gone, or not ours to read
+        return False
+
+
+def _holds(proc: bytes, point: bytes, dev: int) -> str | None:
+    for what, how in ((b"cwd", "cwd"), (b"root", "root")):
+        if _on_mount(proc + b"/" + what, point, dev):
+            return how
+    try:
+        fds = os.listdir(proc + b"/fd")
+    except OSError:
+        fds = []
+    for fd in fds:
+        if _on_mount(proc + b"/fd/" + fd, point, dev):
+            return "open file"
+    want = b"%02x:%02x" % (os.major(dev), os.minor(dev))
+    try:
+        with open(proc + b"/maps", "rb") as f:
+            for line in f:
+                parts = line.split(None, 5)
+                if len(parts) == 6 and parts[3] == want and is_inside(parts[5].rstrip(b"\n"), point):
+                    return "mapped file"
+    except OSError:
+        pass
+    return None
+
+
+def _command(proc: bytes, limit: int = 60) -> str:
+    try:
+        with open(proc + b"/cmdline", "rb") as f:
+            cmd = b" ".join(a for a in f.read().split(b"\0") if a)
+    except OSError:
+        cmd = b""
+    if not cmd:
+        try:
+            with open(proc + b"/comm", "rb") as f:
+                cmd = f.read().strip()
+        except OSError:
+            cmd = b"?"
+    text = "".join(c if c.isprintable() else " " for c in cmd.decode(errors="replace"))
+    return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
 def lazy_unmount(path) -> None:

@@ -22,11 +22,12 @@ from rewindfs.overlay import daemon
 from rewindfs.overlay.cli import options
 from rewindfs.overlay.control import client, wire
 from rewindfs.overlay.cli.render import escape, human_bytes
-from rewindfs.overlay.places import (check_workspace, control_socket_path, find_rewindfs_mount,
-                                     find_socket, lazy_unmount,
-                                     ensure_runtime_dir, is_inside, open_log,
-                                     resolve_store_path)
-from rewindfs.overlay.errors import AlreadyMounted, MountFailed, NotMounted, UsageError
+from rewindfs.overlay.places import (check_mount_owner, check_place, check_workspace,
+                                     control_socket_path, enclosing_rewindfs_mount,
+                                     find_rewindfs_mount, find_socket, lazy_unmount,
+                                     ensure_runtime_dir, is_inside, mount_users, open_log,
+                                     resolve_store_path, rewindfs_mount_at)
+from rewindfs.overlay.errors import AlreadyMounted, MountBusy, MountFailed, NotMounted, UsageError
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +44,11 @@ def find_daemon(start, store_path) -> tuple[bytes, bytes]:
     if no ancestor up to ``/`` has a socket."""
     found = find_socket(start, store_path)
     if found is None:
-        raise NotMounted(path=os.fsdecode(os.path.realpath(os.fsencode(start))))
+        real = os.path.realpath(os.fsencode(start))
+        mnt = enclosing_rewindfs_mount(real)
+        if mnt is not None:
+            check_mount_owner(mnt)   # another uid's daemon: say so, not "not mounted"
+        raise NotMounted(path=os.fsdecode(real))
     sock, path = found
     return path, sock
 
@@ -65,8 +70,11 @@ def _log_path(store, real: bytes) -> bytes:
 def spawn_daemon(dir_path, store, *, recover: bool = False) -> int:
     """Fork a daemon for *dir_path*; return its pid once it is mounted, or raise its
     startup error."""
-    real = check_workspace(dir_path, store) if not recover else os.path.realpath(
-        os.fsencode(dir_path))
+    if recover:   # a stale mount cannot be stat-ed: the daemon detaches it, then checks
+        real = os.path.realpath(os.fsencode(dir_path))
+        check_place(real, store)
+    else:
+        real = check_workspace(dir_path, store)
     logfile = _log_path(store, real)
     ensure_runtime_dir(os.path.dirname(logfile))   # refused here: nothing written yet
     log_fd = open_log(logfile)                       # never through a symlink
@@ -114,30 +122,64 @@ def _daemon_child(dir_path, store, recover, w, log_fd) -> int:
         return exc.exit_code if isinstance(exc, RewindfsError) else 2
 
 
-def unmount_workspace(dir_path, store) -> str:
-    """Unmount cleanly (ask the daemon, then ``fusermount3 -u``); returns how it went."""
+def unmount_workspace(dir_path, store, *, lazy: bool = False) -> tuple[str, list]:
+    """Unmount cleanly: ask the daemon (it ends its session and removes the mount), else
+    ``fusermount3 -u``.  Returns ``(how it went, the processes left inside)``.
+
+    Refused, with nothing sent and nothing changed: another uid's mount
+    (``ForeignMount``), a mount that other processes use — a working directory, root,
+    open or mapped file on it (``MountBusy``, naming each) — unless *lazy*.  Why here
+    and not in the daemon: the daemon's session end detaches lazily (libfuse's
+    unmount is ``umount2(MNT_DETACH)``), so the kernel's EBUSY never comes back to
+    say so.  A process entering between the check and the unmount is not seen.
+    With *lazy* the mount is detached anyway (the daemon first, then
+    ``fusermount3 -uz`` if it is still there); the processes listed keep the detached
+    mount, whose daemon is gone.
+    """
     raw = os.fsencode(dir_path)
     real = os.path.realpath(raw)
+    mnt = rewindfs_mount_at(real)
+    if mnt is not None:
+        check_mount_owner(mnt)
     try:
         os.statvfs(real)  # statfs always reaches the daemon (stat may come from cache)
     except OSError as exc:
         if exc.errno == errno.ENOTCONN:  # a dead daemon's mount
             lazy_unmount(real)
-            return "stale mount detached"
+            return "stale mount detached", []
         raise NotMounted(path=os.fsdecode(raw)) from None
-    if not find_rewindfs_mount(real):
+    if mnt is None:
+        outer = enclosing_rewindfs_mount(real)
+        if outer is not None:
+            check_mount_owner(outer)
         raise NotMounted(path=os.fsdecode(real))
+    users = mount_users(real, mnt.dev)
+    if users and not lazy:
+        raise MountBusy(path=os.fsdecode(real), holders=", ".join(map(str, users)))
     try:
         client.call(control_socket_path(store, real), "unmount", {}, timeout=30)
     except (OSError, RewindfsError) as exc:
         log.info("daemon did not answer (%s); using fusermount3 -u", exc)
-        subprocess.run(["fusermount3", "-u", os.fsdecode(real)], check=False)
+        _fusermount(real, lazy)
     deadline = time.monotonic() + _UNMOUNT_WAIT_S
     while find_rewindfs_mount(real):
         if time.monotonic() > deadline:
-            raise MountFailed(path=os.fsdecode(real), reason="still mounted (busy?)")
+            if not lazy:
+                raise MountFailed(path=os.fsdecode(real), reason="still mounted (busy?)")
+            _fusermount(real, lazy)
+            break
         time.sleep(0.02)
-    return "unmounted"
+    return ("detached" if users else "unmounted"), users
+
+
+def _fusermount(real: bytes, lazy: bool) -> None:
+    """``fusermount3 -u`` (``-uz`` if *lazy*); ``MountFailed`` at once when it refuses
+    (waiting for a mount it could not remove only delays the same answer)."""
+    res = subprocess.run(["fusermount3", "-uz" if lazy else "-u", os.fsdecode(real)],
+                         check=False, capture_output=True, text=True)
+    if res.returncode != 0 and find_rewindfs_mount(real):
+        raise MountFailed(path=os.fsdecode(real),
+                          reason=res.stderr.strip() or f"fusermount3 exited with {res.returncode}")
 
 
 # -- commands ------------------------------------------------------------------------------
@@ -169,11 +211,21 @@ def cmd_mount(args, out) -> int:
 
 
 def cmd_unmount(args, out) -> int:
-    how = unmount_workspace(args.dir, resolve_store_path(args.store))
-    out.emit("unmounted", workspace=os.fsdecode(os.path.realpath(os.fsencode(args.dir))),
-             how=how)
+    how, users = unmount_workspace(args.dir, resolve_store_path(args.store), lazy=args.lazy)
+    real = os.fsdecode(os.path.realpath(os.fsencode(args.dir)))
+    out.emit("unmounted", workspace=real, how=how,
+             left_inside=[{"pid": u.pid, "command": u.command, "how": u.how} for u in users])
     out.say(how)
+    if users:
+        _warn_left_inside(out, real, users)
     return 0
+
+
+def _warn_left_inside(out, real: str, users) -> None:
+    out.warn(f"still inside the detached mount: {', '.join(map(str, users))}; there, "
+             f"their working directories and paths now fail with \"Transport endpoint is "
+             f"not connected\" until they re-enter {real} (cd \"$PWD\"), where they see "
+             f"the bare directory: its changes are not captured")
 
 
 def cmd_run(args, out) -> int:
@@ -198,7 +250,11 @@ def cmd_run(args, out) -> int:
             return 127
     finally:
         if child is not None:
-            unmount_workspace(ws_dir, store)
+            # CMD is done: what it left running inside must not keep the daemon alive
+            _, users = unmount_workspace(ws_dir, store, lazy=True)
+            if users:
+                _warn_left_inside(out, os.fsdecode(os.path.realpath(os.fsencode(ws_dir))),
+                                  users)
             os.waitpid(child, 0)  # our child: reap it
 
 
@@ -336,6 +392,8 @@ def register(sub) -> None:
 
     p = sub.add_parser("unmount", help="unmount DIR cleanly")
     p.add_argument("dir", metavar="DIR", help="the mounted workspace")
+    p.add_argument("--lazy", action="store_true",
+                   help="detach even while processes work inside (they are named)")
     options.common(p)
     p.set_defaults(command="unmount")
 
