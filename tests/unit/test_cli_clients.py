@@ -109,11 +109,3 @@ def test_a_closed_stdout_exits_141_quietly(ws, args):
         os.close(w)
     assert (res.returncode, res.stderr) == (141, ""), res.stderr
 
-
-def test_json_log_into_head_is_quiet(ws):
-    root, store = ws
-    res = subprocess.run(f"set -o pipefail; '{REWINDFS}' --store '{store}' --json log "
-                         "| head -2", shell=True, executable="/bin/bash", cwd=root,
-                         capture_output=True, text=True, timeout=120)
-    assert len(res.stdout.splitlines()) == 2
-    assert res.stderr == "" and res.returncode in (0, 141), res
