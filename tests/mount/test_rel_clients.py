@@ -15,7 +15,6 @@ rewind (``treesnap``), and the client's last line says which.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import socket
 import subprocess
@@ -24,7 +23,7 @@ import threading
 import time
 from pathlib import Path
 
-from mountkit import PYTHON, ROOT, is_rewindfs_mount, mounted
+from mountkit import is_rewindfs_mount, mounted
 from ptykit import Terminal
 from treesnap import compare, snapshot
 
@@ -215,3 +214,30 @@ def test_status_in_a_dead_mount_says_stale_and_how_to_recover(tmp_path):
     record = json.loads(out.splitlines()[1])
     assert record["type"] == "error" and record["code"] == "stale-mount", record
     assert not is_rewindfs_mount(ws)        # mountkit detached it
+
+
+def test_mount_says_first_that_it_finishes_an_interrupted_rewind(tmp_path):
+    """An offline rewind killed half-way leaves an intent; ``mount`` finishes it before
+    it serves, and says so before anything else."""
+    from mountkit import cli
+    from relkit import ensure_unmounted, kill_background, stop_background
+    ws, store = tmp_path / "ws", tmp_path / "store"
+    ws.mkdir()
+    _seed(ws, 200)
+    before = snapshot(ws)
+    with mounted(ws, store) as m:
+        epoch = _turn_rewriting_all(m, 200)
+    res = cli("rewind", f"e{epoch}", "-C", ws, store=store, env={"REWINDFS_FAULT_AFTER": "20"})
+    assert res.returncode == -9, res.stderr          # killed half-way: an intent is left
+    pid = None
+    try:
+        res = cli("mount", ws, store=store, timeout=120)
+        assert res.returncode == 0, res.stderr
+        pid = json.loads(cli("status", "--json", "-C", ws, store=store).stdout)["pid"]
+        assert res.stderr.splitlines()[0] == "warning: finishing an interrupted rewind first"
+        assert compare(before, snapshot(ws)) == []
+        stop_background(ws, store, pid)
+        pid = None
+    finally:
+        kill_background(pid)
+        ensure_unmounted(ws)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -109,3 +110,40 @@ def test_a_closed_stdout_exits_141_quietly(ws, args):
         os.close(w)
     assert (res.returncode, res.stderr) == (141, ""), res.stderr
 
+
+
+def test_ctrl_c_in_a_terminal_mid_offline_rewind_finishes_it_first(tmp_path):
+    """No daemon: the rewind lands in the CLI's own process.  Ctrl-C (a real one, on a
+    pty) while it is paused after its 500th change is deferred: the rewind finishes,
+    the last line says so, exit 130, no intent left, the tree is the point's."""
+    from ptykit import Terminal
+    root, store = tmp_path / "ws", tmp_path / "store"
+    root.mkdir()
+    n = 2000
+    with Store.open(store) as s:
+        h = History(s, root)
+        for i in range(n):
+            h.write(b"f%04d" % i, b"v0 %d\n" % i)
+        target = snapshot(root)
+        h.turn(1)
+        for i in range(n):
+            h.write(b"f%04d" % i, b"v1 %d\n" % i)
+        h.end_turn()
+        h.close()
+    pause = tmp_path / "pause"
+    term = Terminal([REWINDFS, "--store", str(store), "rewind", "t1"], cwd=root,
+                    env={"REWINDFS_PAUSE_AFTER": "500", "REWINDFS_PAUSE_FILE": str(pause)})
+    with term:
+        deadline = time.monotonic() + 120
+        while not pause.exists():
+            assert time.monotonic() < deadline and term.status is None, term.text()
+            time.sleep(0.01)
+        term.wait_for("rewinding to point")
+        term.ctrl_c()
+        term.wait_for("finishing the rewind first")
+        pause.unlink()
+        status = term.wait()
+    assert status == 130, term.text()[-3000:]
+    assert "was finished first" in term.last_line(), term.lines()[-5:]
+    assert not _intent(store, root)
+    assert compare(target, snapshot(root)) == []
