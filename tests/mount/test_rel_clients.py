@@ -23,7 +23,7 @@ import threading
 import time
 from pathlib import Path
 
-from mountkit import is_rewindfs_mount, mounted
+from mountkit import cli, is_rewindfs_mount, mounted
 from ptykit import Terminal
 from treesnap import compare, snapshot
 
@@ -76,6 +76,10 @@ def _ctrl_c_while_paused(m, pause: Path, *args) -> Terminal:
         term.wait_for("rewinding to point")      # the client is streaming
         term.ctrl_c()
         term.status = term.wait()
+        # what the last line promises: status shows the rewind still running
+        shown = cli("status", "-C", m.ws, store=m.store)
+        assert shown.returncode == 0, shown.stderr
+        assert "a rewind is running" in shown.stdout, shown.stdout
     finally:
         try:
             pause.unlink()                          # let the landing go on
@@ -219,7 +223,6 @@ def test_status_in_a_dead_mount_says_stale_and_how_to_recover(tmp_path):
 def test_mount_says_first_that_it_finishes_an_interrupted_rewind(tmp_path):
     """An offline rewind killed half-way leaves an intent; ``mount`` finishes it before
     it serves, and says so before anything else."""
-    from mountkit import cli
     from relkit import ensure_unmounted, kill_background, stop_background
     ws, store = tmp_path / "ws", tmp_path / "store"
     ws.mkdir()
