@@ -175,7 +175,8 @@ def _stdout_closed() -> bool:
     try:
         poller = select.poll()
         poller.register(sys.stdout.fileno(), select.POLLOUT)
-        return any(ev & select.POLLERR for _fd, ev in poller.poll(0))
+        # a pipe without reader reports POLLERR, a socket whose peer is gone POLLHUP
+        return any(ev & (select.POLLERR | select.POLLHUP) for _fd, ev in poller.poll(0))
     except (OSError, ValueError, AttributeError):
         return False
 

@@ -28,6 +28,7 @@ import json
 import os
 import signal
 import socket
+import threading
 
 from rewindfs.store import Store
 from rewindfs.store._errors import PathEscape, RewindfsError
@@ -202,11 +203,13 @@ class _Landing:
         self._old = None
 
     def __enter__(self):
-        self._old = signal.signal(signal.SIGINT, self._on_sigint)
+        if threading.current_thread() is threading.main_thread():  # else: cannot, and
+            self._old = signal.signal(signal.SIGINT, self._on_sigint)   # no SIGINT here
         return self
 
     def __exit__(self, *exc):
-        signal.signal(signal.SIGINT, self._old)
+        if self._old is not None:
+            signal.signal(signal.SIGINT, self._old)
 
     @contextlib.contextmanager
     def landing(self):
@@ -229,9 +232,11 @@ class _Landing:
             raise KeyboardInterrupt
         if not self.pressed:
             self.pressed = True
-            # a plain write: the handler may run in the middle of a rich print
-            os.write(2, f"\nCtrl-C: finishing the {self.method} first (it cannot stop "
-                        "half-way)\n".encode())
+            try:    # a plain write: the handler may run in the middle of a rich print
+                os.write(2, f"\nCtrl-C: finishing the {self.method} first (it cannot "
+                            "stop half-way)\n".encode())
+            except OSError:
+                pass    # nowhere to say it; the last line still will
 
     def interrupted(self, *, mounted: bool) -> Interrupted:
         what = self.method
