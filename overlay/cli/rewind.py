@@ -11,7 +11,7 @@ and they say so first; ``log``, ``diff`` and ``show`` never write to the workspa
 with an intent pending they read the store and the tree as they are, and say that an
 interrupted rewind is pending.
 
-Ctrl-C (docs/reliability.md, "Ctrl-C and clients that go away"): a mounted rewind or
+Ctrl-C (docs/reliability.md, "Clients that go away"): a mounted rewind or
 redo runs in the daemon and goes on to its end; the client stops and says so.  An
 offline one runs here: Ctrl-C before its first change stops it (nothing changed), after
 that it is deferred until the landing is done (``_Landing``) — a rewind never stops
@@ -132,6 +132,10 @@ def _offline(store_path, start: bytes, out, finish):
                     out.warn("finishing an interrupted rewind first")
                     with finish.landing():
                         recover(fd, store, ws)
+                    if finish.pressed:      # Ctrl-C during it: start nothing new
+                        raise Interrupted("interrupted: the interrupted rewind was "
+                                          f"finished first; this {finish.method} did "
+                                          "not start")
             yield _Offline(store, ws, root, fd)
         finally:
             os.close(fd)

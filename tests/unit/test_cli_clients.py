@@ -147,3 +147,30 @@ def test_ctrl_c_in_a_terminal_mid_offline_rewind_finishes_it_first(tmp_path):
     assert "was finished first" in term.last_line(), term.lines()[-5:]
     assert not _intent(store, root)
     assert compare(target, snapshot(root)) == []
+
+
+def test_ctrl_c_while_redo_finishes_an_interrupted_rewind_starts_nothing_new(ws):
+    """``redo`` first finishes a rewind killed half-way; Ctrl-C (on a pty) during that
+    is deferred until it is finished, and then the redo itself does not start."""
+    from ptykit import Terminal
+    root, store = ws
+    res = rewindfs(store, "rewind", "t1", cwd=root, env={"REWINDFS_FAULT_AFTER": "5"})
+    assert res.returncode == -9, res.stderr
+    pause = root.parent / "pause"
+    term = Terminal([REWINDFS, "--store", str(store), "redo"], cwd=root,
+                    env={"REWINDFS_PAUSE_AFTER": "3", "REWINDFS_PAUSE_FILE": str(pause)})
+    with term:
+        deadline = time.monotonic() + 120
+        while not pause.exists():
+            assert time.monotonic() < deadline and term.status is None, term.text()
+            time.sleep(0.01)
+        term.ctrl_c()
+        term.wait_for("finishing the redo first")
+        pause.unlink()
+        status = term.wait()
+    assert status == 130, term.text()[-3000:]
+    assert "this redo did not start" in term.last_line(), term.lines()[-5:]
+    assert not _intent(store, root)
+    # the rewind to t1, finished: turn 1's state and nothing newer
+    assert sorted(os.listdir(root)) == [f"f{i:02d}" for i in range(N)]
+    assert all((root / f"f{i:02d}").read_bytes() == b"v0 %d\n" % i for i in range(N))
