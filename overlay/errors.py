@@ -226,6 +226,19 @@ class NotAFile(RewindfsError):
 
 # -- the CLI ------------------------------------------------------------------
 
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C, with the line that says what it left behind (the rewind goes on in the
+    daemon, was finished first, or nothing was changed).
+
+    Not a ``RewindfsError``: no code, no exit code of the 0–3 contract; ``main()``
+    prints ``message`` as the command's last line and exits 130, as for any Ctrl-C.
+    """
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.message = message
+
+
 
 class NotAWorkspace(RewindfsError):
     """{path} is not a rewindfs workspace (no history in store {store}); mount it first."""

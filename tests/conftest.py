@@ -11,7 +11,7 @@ Every test under ``tests/mount/`` and ``tests/e2e/`` gets the ``mount`` marker h
 ``mount`` test is skipped with the reason instead of failing in its fixture.
 
 The shared kits (``mountkit``, ``relkit``, ``restorekit``, ``store_fixtures``,
-``treesnap``, ``pointcheck``, ``tmpfskit``, ``rewind_agent``) stay in ``tests/`` and are
+``treesnap``, ``pointcheck``, ``tmpfskit``, ``rewind_agent``, ``ptykit``) stay in ``tests/`` and are
 imported by those names from every tier (``pythonpath`` in pyproject.toml).
 Store fixtures end with the store's own consistency check.
 """

@@ -8,6 +8,10 @@ and, when present, ``overlay.cli.rewind`` (log, rewind, redo, diff, show, gc).
 Exit codes are made here and only here (DESIGN): a handler's return value, or
 ``RewindfsError.exit_code`` for an error (0 done, 1 partial, 2 could not run, 3 usage;
 argparse errors are usage errors and exit 3; any other exception exits 2, never 1).
+Two more, outside that contract, as shells and git have them: Ctrl-C exits 130 (an
+``Interrupted`` prints its line first: what the interrupted command left behind), and
+a closed stdout (``rewindfs log | head -2``) exits 141 — the status a shell shows for
+git killed by SIGPIPE — quietly: no traceback, no "could not run".
 ``--json`` prints JSON Lines ``{"v":1,"type":...}``; otherwise people get rich output
 on a terminal.
 """
@@ -15,17 +19,23 @@ on a terminal.
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import logging
+import os
+import select
 import sys
 
 from rewindfs.store._errors import InternalError, RewindfsError
 
 from rewindfs.overlay.cli import mount, options, rewind
 from rewindfs.overlay.cli.render import escape
-from rewindfs.overlay.errors import UsageError
+from rewindfs.overlay.errors import Interrupted, StaleMount, UsageError
 
-__all__ = ["Output", "main"]
+__all__ = ["EXIT_INTERRUPTED", "EXIT_PIPE_CLOSED", "Output", "main"]
+
+EXIT_INTERRUPTED = 130      # 128 + SIGINT
+EXIT_PIPE_CLOSED = 141      # 128 + SIGPIPE
 
 
 class _Parser(argparse.ArgumentParser):
@@ -45,7 +55,13 @@ class Output:
     def console(self):
         if self._console is None:
             from rich.console import Console
-            self._console = Console(file=self.stream, highlight=False)
+
+            class _Console(Console):
+                def on_broken_pipe(self) -> None:
+                    # rich's own exits 1 ("partial"); main() decides (quietly, 141)
+                    raise BrokenPipeError(errno.EPIPE, "the reader of stdout is gone")
+
+            self._console = _Console(file=self.stream, highlight=False)
         return self._console
 
     def emit(self, type_: str, **fields) -> None:
@@ -120,10 +136,63 @@ def main(argv=None) -> int:
     except RewindfsError as exc:
         out.error(exc)
         return exc.exit_code
+    except Interrupted as exc:
+        return _interrupted(exc, out)
     except KeyboardInterrupt:
-        return 130
+        return EXIT_INTERRUPTED
+    except BrokenPipeError as exc:
+        if _stdout_closed():
+            return _pipe_closed()
+        return _unexpected(exc, out, verbose=bool(args is not None and args.verbose))
+    except OSError as exc:
+        if exc.errno == errno.ENOTCONN:     # a dead daemon's mount, met on the way
+            where = os.fsdecode(exc.filename) if exc.filename is not None else "."
+            err = StaleMount(path=where)
+            out.error(err)
+            return err.exit_code
+        return _unexpected(exc, out, verbose=bool(args is not None and args.verbose))
     except Exception as exc:    # noqa: BLE001 — the safety net: 2, never 1 ("partial")
         return _unexpected(exc, out, verbose=bool(args is not None and args.verbose))
+
+
+def _interrupted(exc: Interrupted, out: Output) -> int:
+    """The interrupted command's last line (stderr; ``--json``: an ``interrupted``
+    record), then 130.  A second Ctrl-C while it is printed still exits 130."""
+    try:
+        if out.json:
+            out.emit("interrupted", message=exc.message)
+        else:
+            sys.stdout.flush()
+            sys.stderr.write(f"rewindfs: {exc.message}\n")
+            sys.stderr.flush()
+    except (KeyboardInterrupt, OSError):
+        pass
+    return EXIT_INTERRUPTED
+
+
+def _stdout_closed() -> bool:
+    """True if stdout is a pipe (or socket) whose reader is gone: poll reports an error
+    on it.  A ``BrokenPipeError`` from the control socket is not this."""
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        # a pipe without reader reports POLLERR, a socket whose peer is gone POLLHUP
+        return any(ev & (select.POLLERR | select.POLLHUP) for _fd, ev in poller.poll(0))
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _pipe_closed() -> int:
+    """The reader of stdout went away (``| head``): stop quietly, as git does.  Whatever
+    is still buffered for stdout goes to /dev/null, so the interpreter's flush at exit
+    cannot print "Exception ignored … BrokenPipeError" either."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):
+        pass
+    return EXIT_PIPE_CLOSED
 
 
 def _unexpected(exc: Exception, out: Output, *, verbose: bool) -> int:

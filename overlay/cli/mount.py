@@ -27,7 +27,8 @@ from rewindfs.overlay.places import (check_mount_owner, check_place, check_works
                                      find_rewindfs_mount, find_socket, lazy_unmount,
                                      ensure_runtime_dir, is_inside, mount_users, open_log,
                                      resolve_store_path, rewindfs_mount_at)
-from rewindfs.overlay.errors import AlreadyMounted, MountBusy, MountFailed, NotMounted, UsageError
+from rewindfs.overlay.errors import (AlreadyMounted, MountBusy, MountFailed, NotMounted,
+                                     StaleMount, UsageError)
 
 log = logging.getLogger(__name__)
 
@@ -192,6 +193,7 @@ def cmd_mount(args, out) -> int:
         out.warn(f"your working directory is inside {os.fsdecode(real)}: this shell still "
                  f"sees the bare directory and its writes bypass capture; re-enter it: "
                  f'cd "$PWD"')
+    _say_pending_intent(store, real, out)
     if args.foreground:
         # Computed now: realpath() on the workspace once it is mounted would stat our
         # own mount from the daemon's thread before it serves, and hang.
@@ -208,6 +210,21 @@ def cmd_mount(args, out) -> int:
              socket=os.fsdecode(control_socket_path(store, real)))
     out.say(f"mounted {escape(os.fsdecode(real))}")
     return 0
+
+
+def _say_pending_intent(store_path, real: bytes, out) -> None:
+    """Say so before the daemon finishes an interrupted rewind (it does, before it
+    serves): only ``mount``, ``rewind`` and ``redo`` write to the tree for it."""
+    from rewindfs.store import Store, StoreError
+    try:
+        with Store.open(store_path, create=False) as store:
+            found = store.workspace_containing(real)
+            pending = found is not None and found[1] == real and \
+                store.get_intent(found[0]) is not None
+    except (StoreError, OSError):
+        return          # no store yet, or unreadable: the daemon will say why
+    if pending:
+        out.warn("finishing an interrupted rewind first")
 
 
 def cmd_unmount(args, out) -> int:
@@ -299,6 +316,8 @@ def _offline_status(args) -> dict:
         if found is None:
             raise NotMounted(path=os.fsdecode(start))
         ws, path = found
+        if find_rewindfs_mount(path):   # mounted, and no daemon answered: it died
+            raise StaleMount(path=os.fsdecode(path))
         cur = store.current_epoch(ws)
         turn = store.open_turn(ws)
         return {"workspace": os.fsdecode(path), "store": str(store.path), "mounted": False,
@@ -318,7 +337,8 @@ def cmd_status(args, out) -> int:
                 f"({res['epoch_kind']})")
         _say_usage(out, res.get("usage"))
         if res.get("intent"):
-            out.warn("an interrupted rewind is pending; it finishes at the next mount")
+            out.warn("an interrupted rewind is pending; the next `mount`, `rewind` or "
+                     "`redo` finishes it")
         return 0
     if not out.json:
         turn = res.get("open_turn")
@@ -332,8 +352,8 @@ def cmd_status(args, out) -> int:
         if res.get("bypass_writes"):
             out.warn(f"processes {res['bypass_writes']['pids']} work in the bare directory "
                      f'under the mount; their writes are not captured (cd "$PWD")')
-        if res.get("intent"):
-            out.warn("an interrupted rewind is pending")
+        if res.get("intent"):   # a live daemon finished any older one when it mounted
+            out.say(f"  a rewind is running (epoch e{res['epoch']}); turn marks wait for it")
     _warn_all(out, res)
     return 0
 

@@ -2,9 +2,20 @@
 
 Each command works through the daemon's control socket when the workspace is mounted,
 and straight on the directory from the store when it is not (``open_workspace``): the
-same method code (``control.rewind_methods.SYNC``) runs in this process then, after finishing
-any interrupted rewind (``recover``).  The workspace is ``-C/--dir DIR`` or the current
-directory, or any directory inside one.  Rendering lives in ``cli.render``.
+same method code (``control.rewind_methods.SYNC``) runs in this process then.  The
+workspace is ``-C/--dir DIR`` or the current directory, or any directory inside one.
+Rendering lives in ``cli.render``.
+
+Only ``rewind`` and ``redo`` (and ``mount``) finish an interrupted rewind (``recover``),
+and they say so first; ``log``, ``diff`` and ``show`` never write to the workspace —
+with an intent pending they read the store and the tree as they are, and say that an
+interrupted rewind is pending.
+
+Ctrl-C (docs/reliability.md, "Clients that go away"): a mounted rewind or
+redo runs in the daemon and goes on to its end; the client stops and says so.  An
+offline one runs here: Ctrl-C before its first change stops it (nothing changed), after
+that it is deferred until the landing is done (``_Landing``) — a rewind never stops
+half-way.  Either way the last line says which, and the exit code is 130.
 """
 
 from __future__ import annotations
@@ -15,7 +26,9 @@ import codecs
 import contextlib
 import json
 import os
+import signal
 import socket
+import threading
 
 from rewindfs.store import Store
 from rewindfs.store._errors import PathEscape, RewindfsError
@@ -26,7 +39,7 @@ from rewindfs.overlay.cli import render as V
 from rewindfs.overlay.cli.mount import find_daemon
 from rewindfs.overlay.control import client
 from rewindfs.overlay.control.rewind_methods import call_local, gc_sync
-from rewindfs.overlay.errors import NotAWorkspace, NotMounted, StaleMount
+from rewindfs.overlay.errors import Interrupted, NotAWorkspace, NotMounted, StaleMount
 from rewindfs.overlay.places import find_rewindfs_mount, is_inside, resolve_store_path
 from rewindfs.overlay.rewind.engine import recover
 
@@ -83,21 +96,24 @@ def _live_daemon(start: bytes, store_path) -> tuple[bytes, bytes] | None:
 
 
 @contextlib.contextmanager
-def open_workspace(args, out):
-    """Yield the daemon of the workspace (mounted) or an offline handle on it."""
+def open_workspace(args, out, *, finish=None):
+    """Yield the daemon of the workspace (mounted) or an offline handle on it.
+
+    Offline, an interrupted rewind's intent is finished only when ``finish`` (a
+    ``_Landing``: a rewind or redo that will change the tree) is given, after saying
+    so; otherwise it is left alone and named (read-only commands write nothing)."""
     store_path = resolve_store_path(args.store)
     start = os.fsencode(_start(args))
     live = _live_daemon(start, store_path)
     if live is not None:
         yield _Mounted(*live)
         return
-    with _offline(store_path, start, out) as ws:
+    with _offline(store_path, start, out, finish) as ws:
         yield ws
 
 
 @contextlib.contextmanager
-def _offline(store_path, start: bytes, out):
-
+def _offline(store_path, start: bytes, out, finish):
     real = os.path.realpath(start)
     with Store.open(store_path, create=False) as store:
         found = store.workspace_containing(real)
@@ -108,8 +124,18 @@ def _offline(store_path, start: bytes, out):
             raise StaleMount(path=os.fsdecode(root))
         fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
-            if recover(fd, store, ws) is not None:
-                out.warn("finished an interrupted rewind first")
+            if store.get_intent(ws) is not None:
+                if finish is None:
+                    out.warn("an interrupted rewind is pending (the tree may be half "
+                             "rewound); `rewindfs rewind`, `redo` or `mount` finishes it")
+                else:
+                    out.warn("finishing an interrupted rewind first")
+                    with finish.landing():
+                        recover(fd, store, ws)
+                    if finish.pressed:      # Ctrl-C during it: start nothing new
+                        raise Interrupted("interrupted: the interrupted rewind was "
+                                          f"finished first; this {finish.method} did "
+                                          "not start")
             yield _Offline(store, ws, root, fd)
         finally:
             os.close(fd)
@@ -144,14 +170,90 @@ def cmd_log(args, out) -> int:
 
 
 def _rewind_like(args, out, method: str, params: dict) -> int:
-    with open_workspace(args, out) as ws:
-        if args.path:
-            params["paths"] = _rel_paths(args, ws.root)
-        view = V.RewindView(out, dry_run=args.dry_run)
-        with view:
-            result = ws.call(method, params, on_event=view.event)
-        view.finish(result)
+    with _Landing(method, dry_run=args.dry_run) as guard:
+        with open_workspace(args, out, finish=None if args.dry_run else guard) as ws:
+            if args.path:
+                params["paths"] = _rel_paths(args, ws.root)
+            view = V.RewindView(out, dry_run=args.dry_run)
+            try:
+                with view:
+                    result = ws.call(method, params, on_event=guard.watch(
+                        view.event, lands_here=not ws.mounted))
+            except KeyboardInterrupt:
+                raise guard.interrupted(mounted=ws.mounted) from None
+            view.finish(result)
+        if guard.pressed:
+            raise Interrupted(f"interrupted: the {method} was finished first (it cannot "
+                              "stop half-way); the tree is the state it restored")
     return 1 if result.get("failed") else 0
+
+
+class _Landing:
+    """What Ctrl-C means for a rewind or redo run by this process.
+
+    Mounted, the daemon runs it: Ctrl-C stops only this client, ``interrupted`` names
+    that.  Offline, this process lands it: until its first change (``rewind.planned``
+    not yet seen) Ctrl-C stops it with nothing changed; from then on (and while an
+    interrupted rewind is finished first, ``landing()``) SIGINT is deferred: one line
+    says the rewind finishes first, and ``pressed`` records it for the last line.  A
+    harder stop (SIGQUIT, SIGKILL) leaves the intent, which the next ``mount``,
+    ``rewind`` or ``redo`` finishes.  SIGINT's own handler is put back on exit.
+    """
+
+    def __init__(self, method: str, *, dry_run: bool):
+        self.method, self.dry_run = method, dry_run
+        self.pressed = self.seen_event = False
+        self._landing = False
+        self._old = None
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():  # else: cannot, and
+            self._old = signal.signal(signal.SIGINT, self._on_sigint)   # no SIGINT here
+        return self
+
+    def __exit__(self, *exc):
+        if self._old is not None:
+            signal.signal(signal.SIGINT, self._old)
+
+    @contextlib.contextmanager
+    def landing(self):
+        self._landing = True
+        try:
+            yield
+        finally:
+            self._landing = False
+
+    def watch(self, on_event, *, lands_here: bool):
+        def event(ev: dict) -> None:
+            self.seen_event = True
+            if lands_here and ev.get("type") == "rewind.planned" and not ev.get("dry_run"):
+                self._landing = True     # offline: the next step is its first change
+            on_event(ev)
+        return event
+
+    def _on_sigint(self, signum, frame) -> None:
+        if not self._landing:
+            raise KeyboardInterrupt
+        if not self.pressed:
+            self.pressed = True
+            try:    # a plain write: the handler may run in the middle of a rich print
+                os.write(2, f"\nCtrl-C: finishing the {self.method} first (it cannot "
+                            "stop half-way)\n".encode())
+            except OSError:
+                pass    # nowhere to say it; the last line still will
+
+    def interrupted(self, *, mounted: bool) -> Interrupted:
+        what = self.method
+        if self.dry_run:
+            return Interrupted("interrupted: a dry run; nothing was changed")
+        if not mounted:         # raised only before the landing began
+            return Interrupted(f"interrupted: the {what} stopped before its first "
+                               "change; nothing was changed")
+        if self.seen_event:
+            return Interrupted(f"interrupted: the {what} goes on in the daemon; "
+                               "`rewindfs status` shows it")
+        return Interrupted(f"interrupted before the daemon answered: the {what} goes on "
+                           "in the daemon if it was accepted; `rewindfs status` shows it")
 
 
 def cmd_rewind(args, out) -> int:

@@ -226,18 +226,26 @@ def call_local(ctx: RewindHost, method: str, params: dict, on_event=None) -> dic
 # -- the protocol handlers ----------------------------------------------------------------
 
 async def _handle(method: str, ctx: DaemonHost, params: dict, emit) -> dict:
+    """The rewind lock is held for the work only, never for the client's pace: the
+    progress stream and the reply are sent after it is released, so a client that stops
+    reading (a suspended ``rewindfs rewind``, a full pipe) holds up no turn mark and no
+    other rewind — only its own connection, which ends when it hangs up."""
     changes = method in ("rewind", "redo") and params.get("dry_run") is not True
-    async with ctx.mutation_lock:   # a turn mark waits for a running rewind
-        if changes:
-            await ctx.flush_writes()
-        try:
-            result = await _run_streaming(SYNC[method], ctx, params, emit)
-        finally:
-            if method in ("rewind", "redo", "gc"):
-                await trio.to_thread.run_sync(syscalls.malloc_trim)
-        if changes:
-            await ctx.invalidations_settled()
-        return result
+
+    async def work(send) -> dict:
+        async with ctx.mutation_lock:   # a turn mark waits for a running rewind
+            if changes:
+                await ctx.flush_writes()
+            try:
+                result = await trio.to_thread.run_sync(SYNC[method], ctx, params, send)
+            finally:
+                if method in ("rewind", "redo", "gc"):
+                    await trio.to_thread.run_sync(syscalls.malloc_trim)
+            if changes:
+                await ctx.invalidations_settled()
+            return result
+
+    return await _streaming(work, emit)
 
 
 async def _show(ctx: DaemonHost, params: dict, emit) -> dict:
@@ -262,11 +270,23 @@ async def _show(ctx: DaemonHost, params: dict, emit) -> dict:
 
 
 async def _run_streaming(fn, ctx: DaemonHost, params: dict, emit) -> dict:
-    """Run the blocking ``fn`` in a worker thread; its progress events are queued
-    without waiting (a blocking hop per event cost a 3,000-file rewind ~14 %), handed to
-    the trio thread in batches (``Handoff``) and sent in order by a task here, each
+    """Run the blocking ``fn(ctx, params, send)`` in a worker thread, its events
+    streamed (``_streaming``)."""
+    return await _streaming(
+        lambda send: trio.to_thread.run_sync(fn, ctx, params, send), emit)
+
+
+async def _streaming(work, emit) -> dict:
+    """``await work(send)``; the events ``send`` gets (from any thread) are queued
+    without waiting (a blocking hop per event cost a 3,000-file rewind ~14 %), handed
+    to the trio thread in batches (``Handoff``) and sent in order by a task here, each
     batch in one write.  ``Handoff`` delivers every event before the worker's result
-    arrives (FIFO), so closing the channel then loses none."""
+    arrives (FIFO), so closing the channel then loses none.
+
+    The work never waits for the client: a client that hangs up (Ctrl-C, killed) only
+    makes the remaining events be dropped — the work runs to its end, nothing is raised
+    into it or into the trio run — and one that stops reading only keeps this function
+    (and its connection) waiting after ``work`` has returned."""
     send_ch, recv_ch = trio.open_memory_channel(math.inf)
 
     async def pump() -> None:
@@ -286,7 +306,7 @@ async def _run_streaming(fn, ctx: DaemonHost, params: dict, emit) -> dict:
     async with trio.open_nursery() as nursery:
         nursery.start_soon(pump)
         try:
-            result = await trio.to_thread.run_sync(fn, ctx, params, send)
+            result = await work(send)
         except Exception as exc:  # re-raised bare below: the nursery would wrap it in a group
             failure = exc
         finally:

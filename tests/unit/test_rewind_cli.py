@@ -192,15 +192,23 @@ def test_subdirectory_of_a_workspace_works(env, capfd, monkeypatch):
     assert not os.path.exists(env.root / "d/x")
 
 
-def test_killed_cli_rewind_is_finished_by_the_next_command(env, capfd):
+def test_killed_cli_rewind_is_finished_by_the_next_rewind_or_redo_only(env, capfd):
     from mountkit import cli
     res = cli("rewind", "t1", store=env.store_path, cwd=env.root,
               env={"REWINDFS_FAULT_AFTER": "3"})
     assert res.returncode == -9
-    res = cli("log", store=env.store_path, cwd=env.root)
-    assert res.returncode == 0 and "interrupted rewind" in res.stderr
-    assert compare(env.snap1, snapshot(env.root)) == []
+    half = snapshot(env.root)
+    res = cli("log", store=env.store_path, cwd=env.root)   # read-only: names it only
+    assert res.returncode == 0 and "interrupted rewind is pending" in res.stderr
+    assert compare(half, snapshot(env.root)) == []
+    res = cli("rewind", "t1", "--dry-run", store=env.store_path, cwd=env.root)
+    assert res.returncode == 0 and compare(half, snapshot(env.root)) == []
+    # redo: finishes the interrupted rewind first (and says so), then undoes it
+    res = cli("redo", store=env.store_path, cwd=env.root)
+    assert res.returncode == 0
+    assert res.stderr.startswith("warning: finishing an interrupted rewind first")
     assert not [n for n in os.listdir(env.root) if n.startswith(".rewindfs~")]
-    code, _out, _ = env.run("redo", capfd=capfd)
-    assert code == 0
     assert compare(env.snap_end, snapshot(env.root)) == []
+    code, _out, _ = env.run("rewind", "t1", capfd=capfd)
+    assert code == 0
+    assert compare(env.snap1, snapshot(env.root)) == []
