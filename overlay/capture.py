@@ -15,8 +15,9 @@ Guarantees:
 - A regular file's content is streamed into the store (``store.put_fd``); the store
   deduplicates, so an unchanged large file costs one read and no second copy.
 
-Sockets and device nodes cannot be restored; they are recorded as ``absent`` (a rewind
-past their creation removes them, which is also what it does for their creation).
+- Every file type has its image: a fifo, socket or device node is recorded as what it
+  is (kind, mode, owner, mtime, xattrs and a device's number), never opened, so a
+  rewind gives it back like ``rsync -a`` would and never deletes it as ``absent``.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import stat
 
 from rewindfs.store import INLINE_MAX
 from rewindfs.store._errors import PathEscape
-from rewindfs.store._preimage import PreImage
+from rewindfs.store._preimage import DEVICES, PreImage
 
 from rewindfs.overlay.tree.fdbudget import share
 from rewindfs.overlay.tree.walk import open_dir, open_parent, parent_of
@@ -178,10 +179,15 @@ def snapshot_at(dir_fd: int, name: bytes, store, *, with_content: bool = True,
                         target=target, **common)
     if fmt == stat.S_IFDIR:
         return PreImage("dir", xattrs=read_xattrs(dir_fd, name), **common)
-    if fmt == stat.S_IFIFO:
-        return PreImage("fifo", xattrs=read_xattrs(dir_fd, name), **common)
-    log.debug("recording %r (socket/device) as absent", name)
-    return PreImage.ABSENT
+    kind = _SPECIAL_KIND.get(fmt)
+    if kind is None:    # no other file type exists on Linux; never guessed as absent
+        raise OSError(errno.EINVAL, f"unknown file type {fmt:o}", os.fsdecode(name))
+    rdev = st.st_rdev if kind in DEVICES else 0
+    return PreImage(kind, xattrs=read_xattrs(dir_fd, name), rdev=rdev, **common)
+
+
+_SPECIAL_KIND = {stat.S_IFIFO: "fifo", stat.S_IFSOCK: "socket", stat.S_IFCHR: "chardev",
+                 stat.S_IFBLK: "blockdev"}
 
 
 def snapshot(root_fd: int, relpath: bytes, store, *, with_content: bool = True) -> PreImage:

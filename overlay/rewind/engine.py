@@ -164,7 +164,7 @@ def _assess(dir_fd: int, name: bytes, action, groups: _Groups, store) -> str:
         return "unchanged" if meta.meta_equal(img, st, meta.xattrs_at(dir_fd, name)) else "meta"
     if cur == "absent":
         return "created"
-    if cur != img.kind:
+    if not meta.same_node(img, st):     # another kind, or a device of another number
         return "written"
     if img.kind == "dir":
         return "unchanged"          # its metadata is the "meta" action's job
@@ -740,11 +740,11 @@ def _land(run: _Run, dir_fd: int, name: bytes, action, change: str) -> None:
         L.set_meta_at(dir_fd, name, img, path)
     elif op == "symlink":
         L.land_symlink(dir_fd, name, img, run.epoch, path)
-    elif op == "mkfifo":
+    elif op == "mknod":
         if change == "meta":
             L.set_meta_at(dir_fd, name, img, path)
         else:
-            L.land_fifo(dir_fd, name, img, run.epoch, path)
+            L.land_special(dir_fd, name, img, run.epoch, path)
     elif op == "write":
         _land_file(run, dir_fd, name, action, change)
     else:
