@@ -1,7 +1,7 @@
 """Tree snapshots for the restore tests: the shared point checker plus hard links.
 
 ``snapshot(path)`` = ``pointcheck.snapshot_dir`` (kind, mode, content, symlink target,
-device number, xattrs) together with the link structure: for every regular file, its
+device number, xattrs) together with the link structure: for every non-directory, its
 link count and the other names of its inode.  ``exact(path)`` adds what ``rsync -a``
 keeps besides: every entry's owner and the mtime of every entry but a directory (a
 directory's mtime moves whenever a name in it is landed, which is not what these
@@ -20,7 +20,8 @@ from pointcheck import diff_trees, snapshot_dir
 
 
 def links(top) -> dict[bytes, tuple[int, tuple[bytes, ...]]]:
-    """{relpath: (st_nlink, other names of the same inode)} for every regular file."""
+    """{relpath: (st_nlink, other names of the same inode)} for every non-directory
+    (a symlink, fifo, socket or device can be hard-linked too)."""
     top = os.fsencode(top)
     by_inode: dict[int, list[bytes]] = {}
     nlink: dict[bytes, tuple[int, int]] = {}
@@ -28,7 +29,7 @@ def links(top) -> dict[bytes, tuple[int, tuple[bytes, ...]]]:
         for name in files:
             full = os.path.join(dirpath, name)
             st = os.lstat(full)
-            if stat.S_ISREG(st.st_mode):
+            if not stat.S_ISDIR(st.st_mode):
                 rel = os.path.relpath(full, top)
                 by_inode.setdefault(st.st_ino, []).append(rel)
                 nlink[rel] = (st.st_nlink, st.st_ino)
