@@ -167,18 +167,19 @@ def snapshot_at(dir_fd: int, name: bytes, store, *, with_content: bool = True,
     common = {"mode": stat.S_IMODE(st.st_mode), "uid": st.st_uid, "gid": st.st_gid,
               "mtime_ns": st.st_mtime_ns}
     fmt = stat.S_IFMT(st.st_mode)
+    if fmt == stat.S_IFDIR:
+        return PreImage("dir", xattrs=read_xattrs(dir_fd, name), **common)
+    # any non-directory can have hard links (fsstress links symlinks and devices too)
+    common["link_group"] = b"%d:%d" % (st.st_dev, st.st_ino) if st.st_nlink > 1 else None
     if fmt == stat.S_IFREG:
         key, size = (_file_content(dir_fd, name, st, store, batch, put) if with_content
                      else (b"\0" * 16, st.st_size))
-        group = b"%d:%d" % (st.st_dev, st.st_ino) if st.st_nlink > 1 else None
         return PreImage("file", size=size, xattrs=read_xattrs(dir_fd, name), blob=key,
-                        link_group=group, **common)
+                        **common)
     if fmt == stat.S_IFLNK:
         target = os.readlink(name, dir_fd=dir_fd)
         return PreImage("symlink", size=len(target), xattrs=read_xattrs(dir_fd, name),
                         target=target, **common)
-    if fmt == stat.S_IFDIR:
-        return PreImage("dir", xattrs=read_xattrs(dir_fd, name), **common)
     kind = _SPECIAL_KIND.get(fmt)
     if kind is None:    # no other file type exists on Linux; never guessed as absent
         raise OSError(errno.EINVAL, f"unknown file type {fmt:o}", os.fsdecode(name))

@@ -59,6 +59,7 @@ import errno
 import functools
 import logging
 import os
+import stat
 from dataclasses import dataclass, field
 
 from rewindfs.store import INLINE_MAX, NothingToRedo, Plan, RewindfsError, TurnOpen
@@ -168,16 +169,17 @@ def _assess(dir_fd: int, name: bytes, action, groups: _Groups, store) -> str:
         return "written"
     if img.kind == "dir":
         return "unchanged"          # its metadata is the "meta" action's job
-    if img.kind == "file" and not _same_file(dir_fd, name, st, img, groups, store):
+    if img.link_group is not None and img.link_group in groups.first:
+        if st.st_ino != groups.first[img.link_group][1]:
+            return "written"        # not (yet) a link of the group's landed name
+    elif img.kind == "file" and not _same_file(dir_fd, name, st, img, store):
         return "written"
-    if img.kind == "symlink" and os.readlink(name, dir_fd=dir_fd) != img.target:
+    elif img.kind == "symlink" and os.readlink(name, dir_fd=dir_fd) != img.target:
         return "written"
     return "unchanged" if meta.meta_equal(img, st, meta.xattrs_at(dir_fd, name)) else "meta"
 
 
-def _same_file(dir_fd, name, st, img, groups: _Groups, store) -> bool:
-    if img.link_group is not None and img.link_group in groups.first:
-        return st.st_ino == groups.first[img.link_group][1]
+def _same_file(dir_fd, name, st, img, store) -> bool:
     # A name outside the plan sharing this inode shared it at the point too (it was not
     # touched since), so an extra link is no reason to rewrite.
     if st.st_size != img.size:
@@ -191,7 +193,7 @@ def _same_file(dir_fd, name, st, img, groups: _Groups, store) -> bool:
 
 def _note_group(dir_fd, name, path, img, groups: _Groups, *, inode_known: bool) -> None:
     """Remember the first name of a hard-link group; later names link to it."""
-    if img.kind != "file" or img.link_group is None or img.link_group in groups.first:
+    if img.link_group is None or img.link_group in groups.first:
         return
     st = meta.lstat_at(dir_fd, name) if inode_known else None
     groups.first[img.link_group] = (path, st.st_ino if st is not None else None)
@@ -326,17 +328,18 @@ STAGE_MAX_BYTES = 256 << 20
 
 
 def _twins(run: _Run, path: bytes) -> list[bytes]:
-    """Other names of ``path``'s inode, if it is a file with more than one link."""
+    """Other names of ``path``'s inode, if it is a non-directory with more than one
+    link."""
     img = run.seen.get(path)
     if img is not None:
-        key = parse_group(img.link_group) if img.kind == "file" else None
+        key = parse_group(img.link_group)   # only a non-directory has one
         return [] if key is None else [p for p in run.inodes.names(*key) if p != path]
     try:
         dir_fd, name = run.dirs.parent(path)
     except (OSError, RewindfsError):
         return []
     st = meta.lstat_at(dir_fd, name)
-    if st is None or meta.kind_of(st) != "file" or st.st_nlink < 2:
+    if st is None or stat.S_ISDIR(st.st_mode) or st.st_nlink < 2:
         return []
     return [p for p in run.inodes.names(st.st_dev, st.st_ino) if p != path]
 
@@ -349,7 +352,7 @@ def _adopt_group(run: _Run, img) -> None:
     inode then) or one whose own target is in the same group qualifies: inode numbers
     are reused, and a file now carrying the group's old number — with equal content,
     e.g. empty — may be another group's file."""
-    key = parse_group(img.link_group) if img.kind == "file" else None
+    key = parse_group(img.link_group)
     if key is None or img.link_group in run.groups.first:
         return
     for other in run.inodes.names(*key):
@@ -361,10 +364,21 @@ def _adopt_group(run: _Run, img) -> None:
         except (OSError, RewindfsError):
             continue
         st = meta.lstat_at(dir_fd, name)
-        if (st is not None and (st.st_dev, st.st_ino) == key and meta.kind_of(st) == "file"
-                and st.st_size == img.size and meta.file_key(dir_fd, name) == img.blob):
+        if st is not None and (st.st_dev, st.st_ino) == key and _holds(dir_fd, name, st, img):
             run.groups.first[img.link_group] = (other, st.st_ino)
             return
+
+
+def _holds(dir_fd: int, name: bytes, st, img) -> bool:
+    """True if the entry is ``img``'s kind with its content: a file's bytes, a
+    symlink's target, a device's number."""
+    if not meta.same_node(img, st):
+        return False
+    if img.kind == "file":
+        return st.st_size == img.size and meta.file_key(dir_fd, name) == img.blob
+    if img.kind == "symlink":
+        return os.readlink(name, dir_fd=dir_fd) == img.target
+    return True
 
 
 def _new_run(root_fd, store, ws, epoch_id, progress, invalidate, writers=None,
@@ -739,11 +753,12 @@ def _land(run: _Run, dir_fd: int, name: bytes, action, change: str) -> None:
     elif op == "meta":
         L.set_meta_at(dir_fd, name, img, path)
     elif op == "symlink":
-        L.land_symlink(dir_fd, name, img, run.epoch, path)
+        if not _link_to_group(run, dir_fd, name, action):
+            L.land_symlink(dir_fd, name, img, run.epoch, path)
     elif op == "mknod":
         if change == "meta":
             L.set_meta_at(dir_fd, name, img, path)
-        else:
+        elif not _link_to_group(run, dir_fd, name, action):
             L.land_special(dir_fd, name, img, run.epoch, path)
     elif op == "write":
         _land_file(run, dir_fd, name, action, change)
@@ -753,19 +768,27 @@ def _land(run: _Run, dir_fd: int, name: bytes, action, change: str) -> None:
 
 def _land_file(run: _Run, dir_fd: int, name: bytes, action, change: str) -> None:
     img, path = action.image, action.path
-    first = run.groups.first.get(img.link_group) if img.link_group is not None else None
     if change == "meta":
         L.set_meta_at(dir_fd, name, img, path)
-    elif first is not None:
-        src_fd, src_name = run.dirs.parent(first[0])
-        L.land_link(dir_fd, name, src_fd, src_name, run.epoch, path)
-        # The inode's metadata is shared; a name adopted from outside the plan may
-        # carry metadata from after the point.
-        st = meta.lstat_at(dir_fd, name)
-        if not meta.meta_equal(img, st, meta.xattrs_at(dir_fd, name)):
-            L.set_meta_at(dir_fd, name, img, path)
-    else:
+    elif not _link_to_group(run, dir_fd, name, action):
         L.land_file(dir_fd, name, img, run.store, run.epoch, path)
+
+
+def _link_to_group(run: _Run, dir_fd: int, name: bytes, action) -> bool:
+    """Land ``action``'s name as a hard link of the first landed name of its link group
+    (any non-directory), if one landed in this run; False if none did."""
+    img, path = action.image, action.path
+    first = run.groups.first.get(img.link_group) if img.link_group is not None else None
+    if first is None:
+        return False
+    src_fd, src_name = run.dirs.parent(first[0])
+    L.land_link(dir_fd, name, src_fd, src_name, run.epoch, path)
+    # The inode's metadata is shared; a name adopted from outside the plan may
+    # carry metadata from after the point.
+    st = meta.lstat_at(dir_fd, name)
+    if not meta.meta_equal(img, st, meta.xattrs_at(dir_fd, name)):
+        L.set_meta_at(dir_fd, name, img, path)
+    return True
 
 
 def _emit(run: _Run, event: dict) -> None:

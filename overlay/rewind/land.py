@@ -114,11 +114,15 @@ def set_meta_fd(fd: int, img, *, fresh: bool = False) -> None:
 
 
 def set_meta_at(dir_fd: int, name: bytes, img, path: bytes) -> None:
-    """Metadata of an existing non-symlink entry, opened without following (a special
-    file only ``O_PATH``: opening a device or a fifo may act on it).  ``KindChanged``
+    """Metadata of an existing entry, opened without following (a special file only
+    ``O_PATH``: opening a device or a fifo may act on it; a symlink not at all).  ``KindChanged``
     if the entry is no longer of ``img``'s kind (or a device of another number)."""
     if img.kind in SPECIALS:
         _set_special_meta(dir_fd, name, img, path)
+    elif img.kind == "symlink":     # a hard link of a symlink landed by ``land_link``
+        if kind_of(lstat_at(dir_fd, name)) != "symlink":
+            raise KindChanged(path=path)
+        _set_symlink_meta(dir_fd, name, img)
     else:
         fd = os.open(name, OPEN_META, dir_fd=dir_fd)
         try:

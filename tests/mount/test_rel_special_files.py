@@ -151,3 +151,35 @@ def test_offline_rewind_and_redo_of_specials(tmp_path):
     _assert_same(after, ws, "offline redo")
     with Store.open(store) as st:
         assert_sound(st)
+
+
+def test_hard_links_of_specials_and_symlinks_come_back(tmp_path):
+    """Any non-directory can have hard links (fsstress links devices and symlinks): a
+    turn that chmods one through one name and unlinks another name gives the inode back
+    with every name and its link count on rewind, and the turn's state on redo."""
+    ws, store = tmp_path / "ws", tmp_path / "store"
+    _make_specials(ws)
+    os.symlink("target", ws / "sym")
+    for name in ("chr", "sock", "sym", "fifo"):
+        os.link(ws / name, ws / "d" / (name + "-2"), follow_symlinks=False)
+    with _real_view(ws) as real, mounted(ws, store) as m:
+        before = exact(real)
+        e1 = m.call("turn.begin", session="s", turn=1, label="links")["epoch"]
+        os.chmod(ws / "d" / "chr-2", 0o666)
+        os.chown(ws / "d" / "fifo-2", 9, 9)
+        os.unlink(ws / "sock")
+        os.unlink(ws / "d" / "sym-2")
+        os.link(ws / "fifo", ws / "fifo-3")
+        m.call("turn.end")
+        after = exact(real)
+        res = m.call("rewind", to=f"e{e1}")
+        assert res["failed"] == [], res
+        _assert_same(before, real, "rewind")
+        for name in ("chr", "sock", "sym", "fifo"):
+            assert os.lstat(os.path.join(real, name)).st_ino == os.lstat(
+                os.path.join(real, "d", name + "-2")).st_ino, name
+        res = m.call("redo")
+        assert res["failed"] == [], res
+        _assert_same(after, real, "redo")
+    with Store.open(store) as st:
+        assert_sound(st)

@@ -90,28 +90,25 @@ class FsStress:
     # -- picking ----------------------------------------------------------------------
 
     def _entries(self):
+        """(path, file type) of every entry, in a reproducible order."""
         out = []
         for dirpath, dirs, files in os.walk(self.root):
             for name in dirs + files:
                 full = os.path.join(dirpath, name)
-                out.append((full, stat.S_ISDIR(os.lstat(full).st_mode)))
+                out.append((full, stat.S_IFMT(os.lstat(full).st_mode)))
         out.sort()
         return out
 
+    _WANT = {None: lambda t: True, "dir": lambda t: t == stat.S_IFDIR,
+             "nondir": lambda t: t != stat.S_IFDIR, "file": lambda t: t == stat.S_IFREG}
+
     def _pick(self, want=None):
         """A random entry: ``want`` None (any), "dir", "nondir" or "file"."""
-        cands = []
-        for p, is_dir in self._entries():
-            if want == "dir" and not is_dir or want == "nondir" and is_dir:
-                continue
-            if want == "file" and not stat.S_ISREG(os.lstat(p).st_mode):
-                continue
-            cands.append(p)
+        cands = [p for p, t in self._entries() if self._WANT[want](t)]
         return self.rng.choice(cands) if cands else None
 
     def _dir(self):
-        dirs = [self.root] + [p for p, d in self._entries() if d]
-        return self.rng.choice(dirs)
+        return self.rng.choice([self.root] + [p for p, t in self._entries() if t == stat.S_IFDIR])
 
     def _new(self):
         self.n += 1
@@ -217,7 +214,7 @@ class FsStress:
         os.symlink(target, self._new())
 
     def op_link(self):
-        p = self._pick("file")
+        p = self._pick("nondir")    # as fsstress: symlinks and devices too
         if p is not None:
             os.link(p, self._new(), follow_symlinks=False)
 
