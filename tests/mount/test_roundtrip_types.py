@@ -70,13 +70,17 @@ def _renameat2(old: str, new: str, flags: int) -> None:
 class FsStress:
     """fsstress's operations on the tree under ``root``, chosen by a seeded ``Random``.
 
-    Every operation picks its objects from a fresh listing, so it is reproducible for
-    a seed and a tree.  ``done``/``skipped`` count per operation name."""
+    Every operation picks its objects from a fresh listing of ``view`` (the same tree
+    seen from underneath the mount: listing it costs no FUSE round trips, and the daemon
+    learns only the names the operations use, as with fsstress, which keeps its own
+    name lists), so it is reproducible for a seed and a tree.  ``done``/``skipped``
+    count per operation name."""
 
     UIDS = (0, 1000, 1234, 65534)
 
-    def __init__(self, root, rng: random.Random):
+    def __init__(self, root, rng: random.Random, view=None):
         self.root, self.rng, self.n = os.fspath(root), rng, 0
+        self.view = self.root if view is None else os.fspath(view)
         self.done: dict[str, int] = {}
         self.skipped: dict[str, int] = {}
         self.ops = {
@@ -92,10 +96,11 @@ class FsStress:
     def _entries(self):
         """(path, file type) of every entry, in a reproducible order."""
         out = []
-        for dirpath, dirs, files in os.walk(self.root):
+        for dirpath, dirs, files in os.walk(self.view):
             for name in dirs + files:
                 full = os.path.join(dirpath, name)
-                out.append((full, stat.S_IFMT(os.lstat(full).st_mode)))
+                out.append((self.root + full[len(self.view):],
+                            stat.S_IFMT(os.lstat(full).st_mode)))
         out.sort()
         return out
 
@@ -318,7 +323,7 @@ def _failed(res) -> list[str]:
 def _turn(m, ws, real, seed):
     """A tree made outside any turn, then ``OPS`` operations in turn 1: (before,
     the turn's epoch, after, the generator)."""
-    gen = FsStress(ws, random.Random(seed))
+    gen = FsStress(ws, random.Random(seed), real)
     _run(gen, SETUP_OPS)
     before = exact(real)
     e1 = m.call("turn.begin", session="s", turn=1, label=f"fsstress {seed}")["epoch"]
