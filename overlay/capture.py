@@ -225,7 +225,8 @@ def capture(root_fd: int, store, ws: int, epoch_id: int, relpaths, *,
     newly recorded (paths already recorded in that epoch keep their first image).
     ``parent(relpath)``, if given, is a context manager yielding ``(dir_fd, name)`` for
     a path (the filesystem passes its cached directory fds); the default walks from the
-    root with ``open_parent``.
+    root with ``open_parent``.  A path below a symlink is recorded ``absent`` (it names
+    no entry of the workspace; nothing is followed).
     """
     todo = _unrecorded(store, ws, epoch_id, relpaths)
     if not todo:
@@ -302,6 +303,12 @@ def _snapshot_via(parent, root_fd: int, relpath: bytes, store) -> PreImage:
         if exc.errno in _MISSING:
             return PreImage.ABSENT
         raise
+    except PathEscape:
+        # A component is a symlink (a checked relpath has no other way to escape), so
+        # the path names no entry of the workspace: absent, as below a file.  A rename
+        # exchanging a directory with a symlink lists the directory's names under the
+        # symlink's name; they have no state there before the exchange.
+        return PreImage.ABSENT
 
 
 def rename_paths(root_fd: int, old: bytes, new: bytes, old_is_dir: bool,

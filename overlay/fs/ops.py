@@ -583,9 +583,12 @@ class RewindOperations(pyfuse3.Operations):
                                  None if st_new is None else stat.S_ISDIR(st_new.st_mode),
                                  exchange=exchange)
                     + self._twins(st_old) + self._twins(st_new))
+        # RENAME_WHITEOUT leaves a char device 0:0 at ``old``, whose pre-image (the
+        # moved entry's) the guard above has recorded.
         with self._parent(old) as (ofd, oname), self._parent(new) as (nfd, nname):
             syscalls.renameat2(ofd, oname, nfd, nname, flags & (syscalls.RENAME_NOREPLACE |
-                                                          syscalls.RENAME_EXCHANGE))
+                                                          syscalls.RENAME_EXCHANGE |
+                                                          syscalls.RENAME_WHITEOUT))
         self._renamed(old, new, st_old, st_new, exchange)
 
     def _renamed(self, old, new, st_old, st_new, exchange) -> None:

@@ -414,7 +414,10 @@ def _capture_parent(run: _Run, relpath: bytes) -> tuple[int, bytes]:
     the landing then replaces the symlink itself by the directory (``land_dir``
     unlinks it, never following it) and lands the paths below in the same run; redo
     deletes them again and puts the symlink back.  The landing still resolves every
-    path with ``O_NOFOLLOW``, so if the symlink is not replaced, nothing is written."""
+    path with ``O_NOFOLLOW``, so if the symlink is not replaced, nothing is written.
+    The same for a path the plan deletes (target ``absent``) below any symlink: it has
+    no entry, so it already is what the plan wants (a directory exchanged with a
+    symlink since the point leaves the names made in it there)."""
     # capture_images borrows a dir fd for one path at a time (its batch holds file
     # fds, not dir fds), so the cache may be trimmed before each: bounded fds
     if run.dirs.full:
@@ -422,7 +425,9 @@ def _capture_parent(run: _Run, relpath: bytes) -> tuple[int, bytes]:
     try:
         return run.dirs.parent(relpath)
     except PathEscape:
-        if _below_replaced_symlink(run, relpath):
+        target = run.targets.get(relpath)
+        if (target is not None and target.kind == "absent"
+                or _below_replaced_symlink(run, relpath)):
             raise NotADirectoryError(errno.ENOTDIR, "below a symlink the rewind replaces "
                                      "by a directory", relpath) from None
         raise
@@ -668,6 +673,12 @@ def _land_one(run: _Run, action) -> str:
     except (FileNotFoundError, NotADirectoryError):
         if action.op in ("delete", "meta"):
             return "unchanged"  # no parent: already absent / its mkdir failed (reported)
+        raise
+    except PathEscape:
+        if action.op == "delete":
+            # Below a symlink: no entry of ours (the name resolves into the symlink's
+            # target, recorded absent by ``_capture_parent``), so nothing to delete.
+            return "unchanged"
         raise
     _adopt_group(run, action.image)
     change = _seen_change(run, action)

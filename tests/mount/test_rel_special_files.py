@@ -183,3 +183,33 @@ def test_hard_links_of_specials_and_symlinks_come_back(tmp_path):
         _assert_same(after, real, "redo")
     with Store.open(store) as st:
         assert_sound(st)
+
+
+def test_rename_whiteout_through_the_mount_leaves_a_whiteout(tmp_path):
+    """``renameat2(RENAME_WHITEOUT)`` (fsstress's ``rwhiteout``; overlayfs' whiteouts)
+    moves the entry and leaves a char device 0:0 under the old name, as on the real
+    filesystem — not a plain rename.  Rewind: the file back, no whiteout; redo: both."""
+    from rewindfs.overlay.tree.syscalls import renameat2
+    whiteout = 4    # RENAME_WHITEOUT
+    ws, store = tmp_path / "ws", tmp_path / "store"
+    ws.mkdir()
+    (ws / "a").write_bytes(b"content\n")
+    with _real_view(ws) as real, mounted(ws, store) as m:
+        before = exact(real)
+        e1 = m.call("turn.begin", session="s", turn=1, label="whiteout")["epoch"]
+        fd = os.open(ws, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            renameat2(fd, b"a", fd, b"b", whiteout)
+        finally:
+            os.close(fd)
+        m.call("turn.end")
+        st = os.lstat(os.path.join(real, "a"))
+        assert stat.S_ISCHR(st.st_mode) and st.st_rdev == 0, "no whiteout left behind"
+        st = os.lstat(ws / "a")
+        assert stat.S_ISCHR(st.st_mode) and st.st_rdev == 0, "the mount shows no whiteout"
+        assert (ws / "b").read_bytes() == b"content\n"
+        after = exact(real)
+        assert m.call("rewind", to=f"e{e1}")["failed"] == []
+        _assert_same(before, real, "rewind")
+        assert m.call("redo")["failed"] == []
+        _assert_same(after, real, "redo")

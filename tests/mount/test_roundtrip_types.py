@@ -385,3 +385,30 @@ def test_fsstress_round_trip(how, tmp_path):
     print(f"{len(SEEDS)} seeds, {len(failures)} failures")
     assert not failures, "\n".join(f"seed {s}:\n  " + "\n  ".join(p)
                                     for s, p in failures.items())
+
+
+def test_names_made_in_a_directory_now_behind_a_symlink(tmp_path):
+    """Found by seed 5 once whiteouts were real: names made in a turn inside ``x/d``,
+    then ``x/d`` exchanged with a symlink (the directory lives on elsewhere).  The
+    rewind's deletes of ``x/d/…`` find a symlink in their path: those names have no
+    entry in the workspace (they resolve into the symlink's target), so there is
+    nothing to delete — not a ``path-escape`` failure — and the symlink gives way to
+    the directory as it was."""
+    ws, store = tmp_path / "ws", tmp_path / "store"
+    (ws / "x" / "d").mkdir(parents=True)
+    (ws / "x" / "d" / "old").write_bytes(b"old\n")
+    with _real_view(ws) as real, mounted(ws, store) as m:
+        before = exact(real)
+        e1 = m.call("turn.begin", session="s", turn=1, label="behind a symlink")["epoch"]
+        (ws / "x" / "d" / "sub").mkdir()
+        (ws / "x" / "d" / "sub" / "f").write_bytes(b"new\n")
+        os.symlink("elsewhere", ws / "x" / "l")
+        _renameat2(os.fspath(ws / "x" / "d"), os.fspath(ws / "x" / "l"), RENAME_EXCHANGE)
+        m.call("turn.end")
+        after = exact(real)
+        res = m.call("rewind", to=f"e{e1}")
+        assert res["failed"] == [], res["failed"]
+        assert compare(before, exact(real)) == []
+        res = m.call("redo")
+        assert res["failed"] == [], res["failed"]
+        assert compare(after, exact(real)) == []
