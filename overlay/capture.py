@@ -15,8 +15,9 @@ Guarantees:
 - A regular file's content is streamed into the store (``store.put_fd``); the store
   deduplicates, so an unchanged large file costs one read and no second copy.
 
-Sockets and device nodes cannot be restored; they are recorded as ``absent`` (a rewind
-past their creation removes them, which is also what it does for their creation).
+- Every file type has its image: a fifo, socket or device node is recorded as what it
+  is (kind, mode, owner, mtime, xattrs and a device's number), never opened, so a
+  rewind gives it back like ``rsync -a`` would and never deletes it as ``absent``.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import stat
 
 from rewindfs.store import INLINE_MAX
 from rewindfs.store._errors import PathEscape
-from rewindfs.store._preimage import PreImage
+from rewindfs.store._preimage import DEVICES, PreImage
 
 from rewindfs.overlay.tree.fdbudget import share
 from rewindfs.overlay.tree.walk import open_dir, open_parent, parent_of
@@ -166,22 +167,28 @@ def snapshot_at(dir_fd: int, name: bytes, store, *, with_content: bool = True,
     common = {"mode": stat.S_IMODE(st.st_mode), "uid": st.st_uid, "gid": st.st_gid,
               "mtime_ns": st.st_mtime_ns}
     fmt = stat.S_IFMT(st.st_mode)
+    if fmt == stat.S_IFDIR:
+        return PreImage("dir", xattrs=read_xattrs(dir_fd, name), **common)
+    # any non-directory can have hard links (fsstress links symlinks and devices too)
+    common["link_group"] = b"%d:%d" % (st.st_dev, st.st_ino) if st.st_nlink > 1 else None
     if fmt == stat.S_IFREG:
         key, size = (_file_content(dir_fd, name, st, store, batch, put) if with_content
                      else (b"\0" * 16, st.st_size))
-        group = b"%d:%d" % (st.st_dev, st.st_ino) if st.st_nlink > 1 else None
         return PreImage("file", size=size, xattrs=read_xattrs(dir_fd, name), blob=key,
-                        link_group=group, **common)
+                        **common)
     if fmt == stat.S_IFLNK:
         target = os.readlink(name, dir_fd=dir_fd)
         return PreImage("symlink", size=len(target), xattrs=read_xattrs(dir_fd, name),
                         target=target, **common)
-    if fmt == stat.S_IFDIR:
-        return PreImage("dir", xattrs=read_xattrs(dir_fd, name), **common)
-    if fmt == stat.S_IFIFO:
-        return PreImage("fifo", xattrs=read_xattrs(dir_fd, name), **common)
-    log.debug("recording %r (socket/device) as absent", name)
-    return PreImage.ABSENT
+    kind = _SPECIAL_KIND.get(fmt)
+    if kind is None:    # no other file type exists on Linux; never guessed as absent
+        raise OSError(errno.EINVAL, f"unknown file type {fmt:o}", os.fsdecode(name))
+    rdev = st.st_rdev if kind in DEVICES else 0
+    return PreImage(kind, xattrs=read_xattrs(dir_fd, name), rdev=rdev, **common)
+
+
+_SPECIAL_KIND = {stat.S_IFIFO: "fifo", stat.S_IFSOCK: "socket", stat.S_IFCHR: "chardev",
+                 stat.S_IFBLK: "blockdev"}
 
 
 def snapshot(root_fd: int, relpath: bytes, store, *, with_content: bool = True) -> PreImage:
@@ -218,7 +225,8 @@ def capture(root_fd: int, store, ws: int, epoch_id: int, relpaths, *,
     newly recorded (paths already recorded in that epoch keep their first image).
     ``parent(relpath)``, if given, is a context manager yielding ``(dir_fd, name)`` for
     a path (the filesystem passes its cached directory fds); the default walks from the
-    root with ``open_parent``.
+    root with ``open_parent``.  A path below a symlink is recorded ``absent`` (it names
+    no entry of the workspace; nothing is followed).
     """
     todo = _unrecorded(store, ws, epoch_id, relpaths)
     if not todo:
@@ -295,6 +303,12 @@ def _snapshot_via(parent, root_fd: int, relpath: bytes, store) -> PreImage:
         if exc.errno in _MISSING:
             return PreImage.ABSENT
         raise
+    except PathEscape:
+        # A component is a symlink (a checked relpath has no other way to escape), so
+        # the path names no entry of the workspace: absent, as below a file.  A rename
+        # exchanging a directory with a symlink lists the directory's names under the
+        # symlink's name; they have no state there before the exchange.
+        return PreImage.ABSENT
 
 
 def rename_paths(root_fd: int, old: bytes, new: bytes, old_is_dir: bool,

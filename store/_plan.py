@@ -3,7 +3,7 @@
 Order (what the restore engine may rely on):
 
 1. every ``delete`` (target ``absent``), deepest path first — children before parents;
-2. every ``mkdir`` / ``write`` / ``symlink`` / ``mkfifo``, shallowest first — parents
+2. every ``mkdir`` / ``write`` / ``symlink`` / ``mknod``, shallowest first — parents
    before children; the first name of a hard-link group comes before its other names;
 3. one ``meta`` per target directory, deepest first — a directory's mtime is set after
    its children landed.
@@ -16,14 +16,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ._preimage import PreImage, depth
+from ._preimage import SPECIALS, PreImage, depth
 
-_CREATE_OP = {"dir": "mkdir", "file": "write", "symlink": "symlink", "fifo": "mkfifo"}
+# every special file (fifo, socket, device) is made by one ``mknod``
+_CREATE_OP = {"dir": "mkdir", "file": "write", "symlink": "symlink",
+              **{k: "mknod" for k in SPECIALS}}
 
 
 @dataclass(frozen=True)
 class Action:
-    op: str          # "delete" | "mkdir" | "write" | "symlink" | "mkfifo" | "meta"
+    op: str          # "delete" | "mkdir" | "write" | "symlink" | "mknod" | "meta"
     path: bytes
     image: PreImage  # the target state (for "delete": PreImage.ABSENT)
 

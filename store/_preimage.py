@@ -11,17 +11,23 @@ from typing import ClassVar
 
 from ._errors import BadPath
 
-KINDS = ("absent", "file", "symlink", "dir", "fifo")
+# The position is the kind's code on disk: append only.  SPECIALS are made by
+# ``mknod``; a device's number is its ``rdev`` (schema 4 added the last three kinds).
+KINDS = ("absent", "file", "symlink", "dir", "fifo", "socket", "chardev", "blockdev")
+SPECIALS = ("fifo", "socket", "chardev", "blockdev")
+DEVICES = ("chardev", "blockdev")
 _KIND_CODE = {k: i for i, k in enumerate(KINDS)}
 MAX_PATH = 4096
 
 
 @dataclass(frozen=True)
 class PreImage:
-    """The state of a path: ``absent`` or a file/symlink/dir/fifo with its metadata.
+    """The state of a path: ``absent`` or a file/symlink/dir/fifo/socket/chardev/
+    blockdev with its metadata.
 
-    ``blob`` (16-byte xxh3-128 key) only for files, ``target`` only for symlinks;
-    ``link_group`` is equal for names of the same inode at capture time (hard links).
+    ``blob`` (16-byte xxh3-128 key) only for files, ``target`` only for symlinks,
+    ``rdev`` (the device number, ``os.makedev``) only for devices; ``link_group`` is
+    equal for names of the same inode at capture time (hard links).
     """
 
     kind: str
@@ -34,6 +40,7 @@ class PreImage:
     blob: bytes | None = None
     target: bytes | None = None
     link_group: bytes | None = None
+    rdev: int = 0
 
     ABSENT: ClassVar[PreImage]
 
@@ -44,6 +51,8 @@ class PreImage:
             raise ValueError("a file pre-image needs a blob key, and only a file has one")
         if (self.kind == "symlink") != (self.target is not None):
             raise ValueError("a symlink pre-image needs a target, and only a symlink has one")
+        if self.rdev and self.kind not in DEVICES:
+            raise ValueError("only a device pre-image has a device number")
 
     @property
     def exists(self) -> bool:
@@ -67,18 +76,21 @@ class Damaged:
 
 
 def encode(img: PreImage) -> list:
-    """The msgpack-able form (a list, compact and order-stable)."""
+    """The msgpack-able form (a list, compact and order-stable).  Fields are only ever
+    appended: ``rdev`` (schema 4) is the 11th, and a record without it (schema ≤ 3)
+    still decodes, as ``rdev`` 0."""
     return [
         _KIND_CODE[img.kind], img.mode, img.uid, img.gid, img.size, img.mtime_ns,
-        [[n, v] for n, v in img.xattrs], img.blob, img.target, img.link_group,
+        [[n, v] for n, v in img.xattrs], img.blob, img.target, img.link_group, img.rdev,
     ]
 
 
 def decode(fields: list) -> PreImage:
     kind, mode, uid, gid, size, mtime_ns, xattrs, blob, target, link_group = fields[:10]
+    rdev = fields[10] if len(fields) > 10 else 0
     return PreImage(
         KINDS[kind], mode, uid, gid, size, mtime_ns,
-        tuple((bytes(n), bytes(v)) for n, v in xattrs), blob, target, link_group,
+        tuple((bytes(n), bytes(v)) for n, v in xattrs), blob, target, link_group, rdev,
     )
 
 

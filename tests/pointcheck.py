@@ -16,9 +16,9 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Node:
-    kind: str                  # "file" | "dir" | "symlink" | "fifo"
+    kind: str                  # "file" | "dir" | "symlink" | "fifo" | "socket" | "chr" | "blk"
     mode: int = 0              # permission bits
-    data: bytes | None = None  # file content or symlink target
+    data: bytes | None = None  # file content, symlink target, b"rdev M:m" of a device
     mtime_ns: int | None = None   # compared only when both sides have it
     xattrs: tuple[tuple[bytes, bytes], ...] | None = None   # idem
 
@@ -56,6 +56,11 @@ def _node(full: bytes, mtimes: bool, with_xattrs: bool) -> Node:
         return Node("symlink", 0, os.readlink(full), None, None)
     if stat.S_ISFIFO(st.st_mode):
         return Node("fifo", mode, None, mtime, xa)
+    if stat.S_ISSOCK(st.st_mode):
+        return Node("socket", mode, None, mtime, xa)
+    if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode):   # never opened
+        rdev = b"rdev %d:%d" % (os.major(st.st_rdev), os.minor(st.st_rdev))
+        return Node("chr" if stat.S_ISCHR(st.st_mode) else "blk", mode, rdev, mtime, xa)
     with open(full, "rb") as f:
         return Node("file", mode, f.read(), mtime, xa)
 

@@ -31,7 +31,7 @@ and they are never captured.
 "Already captured" is an in-memory set per epoch (reset by ``set_epoch``) plus a
 per-inode token so a write to an already captured file costs one identity check.
 
-Hard links (invariants 1 and 13): a change to a regular file with ``st_nlink > 1``
+Hard links (invariants 1 and 13): a change to a non-directory with ``st_nlink > 1``
 first captures every name of its inode — the names the table knows and, when those are
 fewer than the link count, the names a per-mount ``InodeIndex`` finds (one lazy walk of
 the tree, then kept current by ``link``/``unlink``/``rename``, dropped after a rewind
@@ -272,12 +272,12 @@ class RewindOperations(pyfuse3.Operations):
         return None
 
     def _twins(self, st) -> list:
-        """``(path, False)`` for every name of the regular file *st* with more than one
+        """``(path, False)`` for every name of the non-directory *st* with more than one
         link: the names the table knows and, if they are fewer than ``st_nlink``, those
         the inode index finds (its first use walks the tree).  Names outside the
         workspace are never found; the count then stays short, and costs only a dict
         lookup per capture after the first walk."""
-        if st is None or not stat.S_ISREG(st.st_mode) or st.st_nlink <= 1:
+        if st is None or stat.S_ISDIR(st.st_mode) or st.st_nlink <= 1:
             return []
         key = (st.st_dev, st.st_ino)
         node = self.table.by_key.get(key)
@@ -596,9 +596,12 @@ class RewindOperations(pyfuse3.Operations):
                                  None if st_new is None else stat.S_ISDIR(st_new.st_mode),
                                  exchange=exchange)
                     + self._twins(st_old) + self._twins(st_new))
+        # RENAME_WHITEOUT leaves a char device 0:0 at ``old``, whose pre-image (the
+        # moved entry's) the guard above has recorded.
         with self._parent(old) as (ofd, oname), self._parent(new) as (nfd, nname):
             syscalls.renameat2(ofd, oname, nfd, nname, flags & (syscalls.RENAME_NOREPLACE |
-                                                          syscalls.RENAME_EXCHANGE))
+                                                          syscalls.RENAME_EXCHANGE |
+                                                          syscalls.RENAME_WHITEOUT))
         self._renamed(old, new, st_old, st_new, exchange)
 
     def _renamed(self, old, new, st_old, st_new, exchange) -> None:

@@ -69,15 +69,15 @@ def state_of(root_fd: int, store, ws: int, epoch: int | None, path: bytes) -> Pr
 
 
 def _differs(a: PreImage, b: PreImage) -> bool:
-    return (a.kind, a.blob, a.target, a.mode, a.xattrs) != (b.kind, b.blob, b.target, b.mode,
-                                                           b.xattrs)
+    return ((a.kind, a.blob, a.target, a.rdev, a.mode, a.xattrs)
+            != (b.kind, b.blob, b.target, b.rdev, b.mode, b.xattrs))
 
 
 def diff_points(root_fd: int, store, ws: int, a: int, b: int | None, *, paths=None
                 ) -> list[Change]:
-    """Paths whose kind, content, target, mode or xattrs differ between points ``a`` and
-    ``b`` (epoch ids; ``b=None``: the current tree).  Only paths touched since the older
-    point can differ, so only those are looked at."""
+    """Paths whose kind, content, target, device number, mode or xattrs differ between
+    points ``a`` and ``b`` (epoch ids; ``b=None``: the current tree).  Only paths
+    touched since the older point can differ, so only those are looked at."""
     paths = None if paths is None else [check_relpath(p) for p in paths]
     lo = a if b is None else min(a, b)
     out = []
@@ -96,7 +96,7 @@ def diff_points(root_fd: int, store, ws: int, a: int, b: int | None, *, paths=No
 
 def content_at(root_fd: int, store, ws: int, epoch: int | None, path: bytes) -> bytes | None:
     """The bytes of ``path`` at point ``epoch`` (``None``: now) — a symlink's target;
-    ``None`` if absent.  Raises ``NotAFile`` for a directory or fifo."""
+    ``None`` if absent.  Raises ``NotAFile`` for a directory or special file."""
     content = open_content(root_fd, store, ws, epoch, path)
     if content is None:
         return None
@@ -138,7 +138,7 @@ SHOW_CHUNK = 192 * 1024   # 256 KiB once in base64: one protocol line stays far 
 def open_content(root_fd: int, store, ws: int, epoch: int | None, path: bytes, *,
                  chunk: int = SHOW_CHUNK) -> Content | None:
     """``content_at`` as an open ``Content`` (``None`` if absent; ``NotAFile`` for a
-    directory or fifo); memory stays at one chunk whatever the file's size."""
+    directory or special file); memory stays at one chunk whatever the file's size."""
     stored = None if epoch is None else store.state_at(ws, epoch, path)
     img = stored if stored is not None else snapshot(root_fd, path, store, with_content=False)
     if img.kind == "absent":

@@ -59,6 +59,7 @@ import errno
 import functools
 import logging
 import os
+import stat
 from dataclasses import dataclass, field
 
 from rewindfs.store import INLINE_MAX, NothingToRedo, Plan, RewindfsError, TurnOpen
@@ -166,20 +167,21 @@ def _assess(dir_fd: int, name: bytes, action, groups: _Groups, store) -> str:
         return "unchanged" if meta.meta_equal(img, st, meta.xattrs_at(dir_fd, name)) else "meta"
     if cur == "absent":
         return "created"
-    if cur != img.kind:
+    if not meta.same_node(img, st):     # another kind, or a device of another number
         return "written"
     if img.kind == "dir":
         return "unchanged"          # its metadata is the "meta" action's job
-    if img.kind == "file" and not _same_file(dir_fd, name, st, img, groups, store):
+    if img.link_group is not None and img.link_group in groups.first:
+        if st.st_ino != groups.first[img.link_group][1]:
+            return "written"        # not (yet) a link of the group's landed name
+    elif img.kind == "file" and not _same_file(dir_fd, name, st, img, store):
         return "written"
-    if img.kind == "symlink" and os.readlink(name, dir_fd=dir_fd) != img.target:
+    elif img.kind == "symlink" and os.readlink(name, dir_fd=dir_fd) != img.target:
         return "written"
     return "unchanged" if meta.meta_equal(img, st, meta.xattrs_at(dir_fd, name)) else "meta"
 
 
-def _same_file(dir_fd, name, st, img, groups: _Groups, store) -> bool:
-    if img.link_group is not None and img.link_group in groups.first:
-        return st.st_ino == groups.first[img.link_group][1]
+def _same_file(dir_fd, name, st, img, store) -> bool:
     # A name outside the plan sharing this inode shared it at the point too (it was not
     # touched since), so an extra link is no reason to rewrite.
     if st.st_size != img.size:
@@ -193,7 +195,7 @@ def _same_file(dir_fd, name, st, img, groups: _Groups, store) -> bool:
 
 def _note_group(dir_fd, name, path, img, groups: _Groups, *, inode_known: bool) -> None:
     """Remember the first name of a hard-link group; later names link to it."""
-    if img.kind != "file" or img.link_group is None or img.link_group in groups.first:
+    if img.link_group is None or img.link_group in groups.first:
         return
     st = meta.lstat_at(dir_fd, name) if inode_known else None
     groups.first[img.link_group] = (path, st.st_ino if st is not None else None)
@@ -341,17 +343,18 @@ STAGE_MAX_BYTES = 256 << 20
 
 
 def _twins(run: _Run, path: bytes) -> list[bytes]:
-    """Other names of ``path``'s inode, if it is a file with more than one link."""
+    """Other names of ``path``'s inode, if it is a non-directory with more than one
+    link."""
     img = run.seen.get(path)
     if img is not None:
-        key = parse_group(img.link_group) if img.kind == "file" else None
+        key = parse_group(img.link_group)   # only a non-directory has one
         return [] if key is None else [p for p in run.inodes.names(*key) if p != path]
     try:
         dir_fd, name = run.dirs.parent(path)
     except (OSError, RewindfsError):
         return []
     st = meta.lstat_at(dir_fd, name)
-    if st is None or meta.kind_of(st) != "file" or st.st_nlink < 2:
+    if st is None or stat.S_ISDIR(st.st_mode) or st.st_nlink < 2:
         return []
     return [p for p in run.inodes.names(st.st_dev, st.st_ino) if p != path]
 
@@ -364,7 +367,7 @@ def _adopt_group(run: _Run, img) -> None:
     inode then) or one whose own target is in the same group qualifies: inode numbers
     are reused, and a file now carrying the group's old number — with equal content,
     e.g. empty — may be another group's file."""
-    key = parse_group(img.link_group) if img.kind == "file" else None
+    key = parse_group(img.link_group)
     if key is None or img.link_group in run.groups.first:
         return
     for other in run.inodes.names(*key):
@@ -376,10 +379,21 @@ def _adopt_group(run: _Run, img) -> None:
         except (OSError, RewindfsError):
             continue
         st = meta.lstat_at(dir_fd, name)
-        if (st is not None and (st.st_dev, st.st_ino) == key and meta.kind_of(st) == "file"
-                and st.st_size == img.size and meta.file_key(dir_fd, name) == img.blob):
+        if st is not None and (st.st_dev, st.st_ino) == key and _holds(dir_fd, name, st, img):
             run.groups.first[img.link_group] = (other, st.st_ino)
             return
+
+
+def _holds(dir_fd: int, name: bytes, st, img) -> bool:
+    """True if the entry is ``img``'s kind with its content: a file's bytes, a
+    symlink's target, a device's number."""
+    if not meta.same_node(img, st):
+        return False
+    if img.kind == "file":
+        return st.st_size == img.size and meta.file_key(dir_fd, name) == img.blob
+    if img.kind == "symlink":
+        return os.readlink(name, dir_fd=dir_fd) == img.target
+    return True
 
 
 def _new_run(root_fd, store, ws, epoch_id, progress, invalidate, rules: IgnoreRules,
@@ -414,7 +428,10 @@ def _capture_parent(run: _Run, relpath: bytes) -> tuple[int, bytes]:
     the landing then replaces the symlink itself by the directory (``land_dir``
     unlinks it, never following it) and lands the paths below in the same run; redo
     deletes them again and puts the symlink back.  The landing still resolves every
-    path with ``O_NOFOLLOW``, so if the symlink is not replaced, nothing is written."""
+    path with ``O_NOFOLLOW``, so if the symlink is not replaced, nothing is written.
+    The same for a path the plan deletes (target ``absent``) below any symlink: it has
+    no entry, so it already is what the plan wants (a directory exchanged with a
+    symlink since the point leaves the names made in it there)."""
     # capture_images borrows a dir fd for one path at a time (its batch holds file
     # fds, not dir fds), so the cache may be trimmed before each: bounded fds
     if run.dirs.full:
@@ -422,7 +439,9 @@ def _capture_parent(run: _Run, relpath: bytes) -> tuple[int, bytes]:
     try:
         return run.dirs.parent(relpath)
     except PathEscape:
-        if _below_replaced_symlink(run, relpath):
+        target = run.targets.get(relpath)
+        if (target is not None and target.kind == "absent"
+                or _below_replaced_symlink(run, relpath)):
             raise NotADirectoryError(errno.ENOTDIR, "below a symlink the rewind replaces "
                                      "by a directory", relpath) from None
         raise
@@ -676,6 +695,12 @@ def _land_one(run: _Run, action) -> str:
         if action.op in ("delete", "meta"):
             return "unchanged"  # no parent: already absent / its mkdir failed (reported)
         raise
+    except PathEscape:
+        if action.op == "delete":
+            # Below a symlink: no entry of ours (the name resolves into the symlink's
+            # target, recorded absent by ``_capture_parent``), so nothing to delete.
+            return "unchanged"
+        raise
     _adopt_group(run, action.image)
     change = _seen_change(run, action)
     if change is None:
@@ -760,12 +785,13 @@ def _land(run: _Run, dir_fd: int, name: bytes, action, change: str) -> None:
     elif op == "meta":
         L.set_meta_at(dir_fd, name, img, path)
     elif op == "symlink":
-        L.land_symlink(dir_fd, name, img, run.epoch, path)
-    elif op == "mkfifo":
+        if not _link_to_group(run, dir_fd, name, action):
+            L.land_symlink(dir_fd, name, img, run.epoch, path)
+    elif op == "mknod":
         if change == "meta":
             L.set_meta_at(dir_fd, name, img, path)
-        else:
-            L.land_fifo(dir_fd, name, img, run.epoch, path)
+        elif not _link_to_group(run, dir_fd, name, action):
+            L.land_special(dir_fd, name, img, run.epoch, path)
     elif op == "write":
         _land_file(run, dir_fd, name, action, change)
     else:
@@ -774,19 +800,27 @@ def _land(run: _Run, dir_fd: int, name: bytes, action, change: str) -> None:
 
 def _land_file(run: _Run, dir_fd: int, name: bytes, action, change: str) -> None:
     img, path = action.image, action.path
-    first = run.groups.first.get(img.link_group) if img.link_group is not None else None
     if change == "meta":
         L.set_meta_at(dir_fd, name, img, path)
-    elif first is not None:
-        src_fd, src_name = run.dirs.parent(first[0])
-        L.land_link(dir_fd, name, src_fd, src_name, run.epoch, path)
-        # The inode's metadata is shared; a name adopted from outside the plan may
-        # carry metadata from after the point.
-        st = meta.lstat_at(dir_fd, name)
-        if not meta.meta_equal(img, st, meta.xattrs_at(dir_fd, name)):
-            L.set_meta_at(dir_fd, name, img, path)
-    else:
+    elif not _link_to_group(run, dir_fd, name, action):
         L.land_file(dir_fd, name, img, run.store, run.epoch, path)
+
+
+def _link_to_group(run: _Run, dir_fd: int, name: bytes, action) -> bool:
+    """Land ``action``'s name as a hard link of the first landed name of its link group
+    (any non-directory), if one landed in this run; False if none did."""
+    img, path = action.image, action.path
+    first = run.groups.first.get(img.link_group) if img.link_group is not None else None
+    if first is None:
+        return False
+    src_fd, src_name = run.dirs.parent(first[0])
+    L.land_link(dir_fd, name, src_fd, src_name, run.epoch, path)
+    # The inode's metadata is shared; a name adopted from outside the plan may
+    # carry metadata from after the point.
+    st = meta.lstat_at(dir_fd, name)
+    if not meta.meta_equal(img, st, meta.xattrs_at(dir_fd, name)):
+        L.set_meta_at(dir_fd, name, img, path)
+    return True
 
 
 def _emit(run: _Run, event: dict) -> None:

@@ -4,7 +4,7 @@ Everything here works on a directory fd and a single name inside it (from
 ``tree.walk.open_parent``), never on a path string, so nothing is followed out of the
 workspace.  Contracts:
 
-- A file, symlink or fifo lands **atomically**: it is built under a unique temp name in
+- A file, symlink or special file (fifo, socket, device) lands **atomically**: it is built under a unique temp name in
   the same directory (content, xattrs, owner, mode, mtime, then ``fsync``) and only then
   ``rename``d over the name.  A crash leaves either the old or the new version plus, at
   worst, a stale temp file named ``.rewindfs~<epoch>~<hex>`` (``sweep_temps`` removes
@@ -31,9 +31,11 @@ import signal
 import stat
 import time
 
+from rewindfs.store._preimage import SPECIALS
+
 from rewindfs.overlay.errors import KindChanged, NotEmpty
 from rewindfs.overlay.tree.meta import (MANAGED_XATTR, OPEN_META, TMP_PREFIX, kind_of, lstat_at,
-                                        proc_path, remember_hint)
+                                        proc_path, remember_hint, same_node)
 
 log = logging.getLogger(__name__)
 
@@ -112,15 +114,49 @@ def set_meta_fd(fd: int, img, *, fresh: bool = False) -> None:
 
 
 def set_meta_at(dir_fd: int, name: bytes, img, path: bytes) -> None:
-    """Metadata of an existing non-symlink entry, opened without following."""
-    fd = os.open(name, OPEN_META, dir_fd=dir_fd)
-    try:
-        if kind_of(os.fstat(fd)) != img.kind:
+    """Metadata of an existing entry, opened without following (a special file only
+    ``O_PATH``: opening a device or a fifo may act on it; a symlink not at all).  ``KindChanged``
+    if the entry is no longer of ``img``'s kind (or a device of another number)."""
+    if img.kind in SPECIALS:
+        _set_special_meta(dir_fd, name, img, path)
+    elif img.kind == "symlink":     # a hard link of a symlink landed by ``land_link``
+        if kind_of(lstat_at(dir_fd, name)) != "symlink":
             raise KindChanged(path=path)
-        set_meta_fd(fd, img)
+        _set_symlink_meta(dir_fd, name, img)
+    else:
+        fd = os.open(name, OPEN_META, dir_fd=dir_fd)
+        try:
+            if kind_of(os.fstat(fd)) != img.kind:
+                raise KindChanged(path=path)
+            set_meta_fd(fd, img)
+        finally:
+            os.close(fd)
+    fault_step()
+
+
+def _set_special_meta(dir_fd: int, name: bytes, img, path: bytes) -> None:
+    # An O_PATH fd pins the inode without opening it; /proc/self/fd/N names that inode
+    # for the calls that take no such fd (as set_meta_fd: owner, mode, xattrs, mtime).
+    fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+    try:
+        if not same_node(img, os.fstat(fd)):
+            raise KindChanged(path=path)
+        inode = b"/proc/self/fd/%d" % fd
+        try:
+            os.chown(inode, img.uid, img.gid)
+        except PermissionError:
+            log.debug("owner %d:%d not permitted; kept", img.uid, img.gid)
+        os.chmod(inode, img.mode)
+        wanted = dict(img.xattrs)
+        for n in os.listxattr(inode):
+            nb = os.fsencode(n)
+            if nb.startswith(MANAGED_XATTR) and nb not in wanted:
+                os.removexattr(inode, nb)
+        for n, v in img.xattrs:
+            os.setxattr(inode, n, v)
+        os.utime(inode, ns=(img.mtime_ns, img.mtime_ns))
     finally:
         os.close(fd)
-    fault_step()
 
 
 def _set_symlink_meta(dir_fd: int, name: bytes, img) -> None:
@@ -258,9 +294,15 @@ def land_symlink(dir_fd: int, name: bytes, img, epoch_id: int, path: bytes) -> N
         raise
 
 
-def land_fifo(dir_fd: int, name: bytes, img, epoch_id: int, path: bytes) -> None:
+_NODE_TYPE = {"fifo": stat.S_IFIFO, "socket": stat.S_IFSOCK, "chardev": stat.S_IFCHR,
+              "blockdev": stat.S_IFBLK}
+
+
+def land_special(dir_fd: int, name: bytes, img, epoch_id: int, path: bytes) -> None:
+    """A fifo, socket or device node (``img.rdev``) made by ``mknod`` under a temp name
+    (mode 0600 until its metadata is set; never opened), then renamed over ``name``."""
     tmp = temp_name(epoch_id)
-    os.mkfifo(tmp, 0o600, dir_fd=dir_fd)
+    os.mknod(tmp, _NODE_TYPE[img.kind] | 0o600, img.rdev, dir_fd=dir_fd)
     try:
         set_meta_at(dir_fd, tmp, img, path)
         _rename_in(dir_fd, tmp, name, path)
@@ -295,7 +337,7 @@ def delete_at(dir_fd: int, name: bytes, path: bytes) -> None:
 
 
 def sweep_temps(dir_fd: int) -> int:
-    """Remove stale ``.rewindfs~…`` temp entries (regular files, symlinks, fifos) in one
+    """Remove stale ``.rewindfs~…`` temp entries (files, symlinks, special files) in one
     directory; return how many.  Only our own temp names are touched."""
     n = 0
     for entry in os.scandir(dir_fd):

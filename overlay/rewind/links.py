@@ -1,4 +1,5 @@
-"""Hard links across the edge of a plan: which other names share a file's inode.
+"""Hard links across the edge of a plan: which other names share an inode (a file's,
+or a symlink's, fifo's, socket's or device's: every non-directory can have links).
 
 A plan lists only touched paths, but an inode's other names may lie outside it: a name
 deleted after the point was touched, its surviving twin was not.  Three things need the
@@ -42,7 +43,6 @@ from __future__ import annotations
 
 import logging
 import os
-import stat
 
 from rewindfs.overlay.tree import meta
 
@@ -63,7 +63,7 @@ def parse_group(group: bytes | None) -> tuple[int, int] | None:
 
 
 class InodeIndex:
-    """(dev, ino) → relative names of regular files with more than one link."""
+    """(dev, ino) → relative names of non-directories with more than one link."""
 
     def __init__(self, root_fd: int, rules):
         self.root_fd, self.rules = root_fd, rules
@@ -155,10 +155,10 @@ class InodeIndex:
                 except OSError:
                     continue
                 stack.append((fd, rel))
-            elif entry.is_file(follow_symlinks=False):
+            else:
                 try:
                     st = entry.stat(follow_symlinks=False)
                 except FileNotFoundError:
                     continue    # removed meanwhile (a rewind landing beside the daemon)
-                if stat.S_ISREG(st.st_mode) and st.st_nlink > 1:
+                if st.st_nlink > 1:
                     out.setdefault((st.st_dev, st.st_ino), []).append(rel)

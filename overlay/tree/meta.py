@@ -18,6 +18,7 @@ import stat
 import time
 
 from rewindfs.store import INLINE_MAX, hash_fd
+from rewindfs.store._preimage import DEVICES
 
 TMP_PREFIX = b".rewindfs~"
 OPEN_META = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
@@ -42,19 +43,22 @@ def lstat_at(dir_fd: int, name: bytes) -> os.stat_result | None:
         return None
 
 
+_KIND = {stat.S_IFREG: "file", stat.S_IFDIR: "dir", stat.S_IFLNK: "symlink",
+         stat.S_IFIFO: "fifo", stat.S_IFSOCK: "socket", stat.S_IFCHR: "chardev",
+         stat.S_IFBLK: "blockdev"}
+
+
 def kind_of(st: os.stat_result | None) -> str:
+    """The ``PreImage`` kind of an entry (``absent`` for None)."""
     if st is None:
         return "absent"
-    m = st.st_mode
-    if stat.S_ISREG(m):
-        return "file"
-    if stat.S_ISDIR(m):
-        return "dir"
-    if stat.S_ISLNK(m):
-        return "symlink"
-    if stat.S_ISFIFO(m):
-        return "fifo"
-    return "other"
+    return _KIND.get(stat.S_IFMT(st.st_mode), "other")
+
+
+def same_node(img, st: os.stat_result) -> bool:
+    """True if the entry is ``img``'s kind and, for a device, its device number (which
+    only a new ``mknod`` can change)."""
+    return kind_of(st) == img.kind and (img.kind not in DEVICES or st.st_rdev == img.rdev)
 
 
 # Planning and landing a rewind both ask "does this file already hold the target

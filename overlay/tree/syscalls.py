@@ -7,11 +7,12 @@ import ctypes
 import ctypes.util
 import os
 
-__all__ = ["RENAME_EXCHANGE", "RENAME_NOREPLACE", "UTIME_OMIT", "malloc_trim", "renameat2",
-           "syncfs", "utimensat"]
+__all__ = ["RENAME_EXCHANGE", "RENAME_NOREPLACE", "RENAME_WHITEOUT", "UTIME_OMIT",
+           "malloc_trim", "renameat2", "syncfs", "utimensat"]
 
 RENAME_NOREPLACE = 1
 RENAME_EXCHANGE = 2
+RENAME_WHITEOUT = 4     # leaves a char device 0:0 (a whiteout) under the old name
 UTIME_OMIT = (1 << 30) - 2
 AT_SYMLINK_NOFOLLOW = 0x100
 
@@ -36,7 +37,8 @@ def _check(ret: int, what: str, name=None) -> None:
 
 
 def renameat2(old_dir: int, old: bytes, new_dir: int, new: bytes, flags: int = 0) -> None:
-    """``renameat2(2)``; flags ``RENAME_NOREPLACE`` / ``RENAME_EXCHANGE``."""
+    """``renameat2(2)``; flags ``RENAME_NOREPLACE`` / ``RENAME_EXCHANGE`` /
+    ``RENAME_WHITEOUT``."""
     if not flags:
         os.rename(old, new, src_dir_fd=old_dir, dst_dir_fd=new_dir)
         return

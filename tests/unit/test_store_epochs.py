@@ -159,7 +159,7 @@ def test_plan_order(store, ws):
     assert [(a.op, a.path) for a in plan] == [
         ("delete", b"gone/deeper"), ("delete", b"gone"),
         ("mkdir", b"d"), ("write", b"z"), ("mkdir", b"d/e"), ("symlink", b"d/l"),
-        ("mkfifo", b"d/p"), ("write", b"d/e/f"),
+        ("mknod", b"d/p"), ("write", b"d/e/f"),
         ("meta", b"d/e"), ("meta", b"d"),
     ]
     assert plan.target == t and plan.paths == {a.path for a in plan}
