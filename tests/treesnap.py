@@ -13,6 +13,7 @@ filtered: one surviving a rewind is a bug, and shows up here.
 from __future__ import annotations
 
 import dataclasses
+import contextlib
 import os
 import stat
 
@@ -73,3 +74,15 @@ def compare(expected, actual) -> list[str]:
         out += [f"{p!r}: owner {own_a[p]}, expected {o}"
                 for p, o in sorted(own_e.items()) if p in own_a and own_a[p] != o]
     return out
+
+
+@contextlib.contextmanager
+def real_view(ws):
+    """A path to the bare directory under a mount over *ws* (``/proc/self/fd/N`` of an
+    fd opened before the mount): the real tree, not the kernel's view of it.  Open it
+    before mounting."""
+    fd = os.open(ws, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        yield f"/proc/self/fd/{fd}"
+    finally:
+        os.close(fd)

@@ -12,7 +12,6 @@ mounting), so the test itself never shows the daemon a name the change did not u
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
 import random
@@ -23,18 +22,9 @@ from mountkit import cli, mounted
 from relkit import trials
 from store_fixtures import assert_sound
 from rewindfs.store import Store
-from treesnap import compare, snapshot
+from treesnap import compare, snapshot, real_view
 
 pytestmark = pytest.mark.mount
-
-
-@contextlib.contextmanager
-def _real_view(ws):
-    fd = os.open(ws, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        yield f"/proc/self/fd/{fd}"
-    finally:
-        os.close(fd)
 
 
 def _linked_tree(ws, names=("B", "e/C")) -> None:
@@ -161,7 +151,7 @@ def _change_in_a_turn(m, ws, real, change):
 def test_change_through_one_name_is_rewound_for_all(change, tmp_path):
     ws = tmp_path / "ws"
     _linked_tree(ws)
-    with _real_view(ws) as real, mounted(ws, tmp_path / "store") as m:
+    with real_view(ws) as real, mounted(ws, tmp_path / "store") as m:
         before, e1, after = _change_in_a_turn(m, ws, real, change)
         assert _diff(before, after) != [], "the change changed nothing"
         res = m.call("rewind", to=f"e{e1}")
@@ -184,7 +174,7 @@ def test_two_names_one_changed(change, tmp_path):
     survivor has one link and no walk of the tree would call it a twin."""
     ws = tmp_path / "ws"
     _linked_tree(ws, names=("B",))
-    with _real_view(ws) as real, mounted(ws, tmp_path / "store") as m:
+    with real_view(ws) as real, mounted(ws, tmp_path / "store") as m:
         before, e1, after = _change_in_a_turn(m, ws, real, change)
         assert m.call("rewind", to=f"e{e1}")["failed"] == []
         _assert_same(before, real, f"rewind after {change}")
@@ -200,7 +190,7 @@ def test_names_the_kernel_forgot(tmp_path):
     fsstress seed 135 broke a link group with no error)."""
     ws = tmp_path / "ws"
     ws.mkdir()
-    with _real_view(ws) as real, mounted(ws, tmp_path / "store") as m:
+    with real_view(ws) as real, mounted(ws, tmp_path / "store") as m:
         os.mkdir(ws / "d")
         (ws / "d" / "A").write_bytes(b"content\n")
         os.link(ws / "d" / "A", ws / "B")
@@ -220,7 +210,7 @@ def test_offline_rewind_and_redo_rebuild_the_links(change, tmp_path):
     """The turn through the mount, the rewind and redo by the CLI after unmounting."""
     ws, store = tmp_path / "ws", tmp_path / "store"
     _linked_tree(ws)
-    with _real_view(ws) as real:
+    with real_view(ws) as real:
         before = _snap(real)
         with mounted(ws, store) as m:
             e1 = m.call("turn.begin", session="s", turn=1, label="t")["epoch"]
@@ -326,7 +316,7 @@ def test_random_link_sequences_rewind_and_redo(seed, tmp_path):
     rng = random.Random(seed)
     ws, store = tmp_path / "ws", tmp_path / "store"
     names = _random_tree(ws, rng)
-    with _real_view(ws) as real, mounted(ws, store) as m:
+    with real_view(ws) as real, mounted(ws, store) as m:
         agent = _LinkAgent(ws, rng, names)
         points, snaps = [], []
         for turn in range(1, 4):

@@ -13,7 +13,6 @@ Every change goes through the mount; snapshots are of the real directory underne
 
 from __future__ import annotations
 
-import contextlib
 import os
 import stat
 
@@ -22,7 +21,7 @@ import pytest
 from mountkit import cli, mounted
 from store_fixtures import assert_sound
 from rewindfs.store import Store
-from treesnap import compare, exact
+from treesnap import compare, exact, real_view
 
 pytestmark = pytest.mark.mount
 
@@ -34,15 +33,6 @@ SPECIALS = {
     "sock": (stat.S_IFSOCK, 0o755, 0, (42, 43)),
     "d/chr2": (stat.S_IFCHR, 0o600, os.makedev(136, 7), (5, 5)),
 }
-
-
-@contextlib.contextmanager
-def _real_view(ws):
-    fd = os.open(ws, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        yield f"/proc/self/fd/{fd}"
-    finally:
-        os.close(fd)
 
 
 def _make_specials(top, names=SPECIALS, mtime_base=10**18):
@@ -73,7 +63,7 @@ def _assert_specials(top, names=SPECIALS):
 def test_specials_made_in_a_turn_go_on_rewind_and_come_back_on_redo(tmp_path):
     ws, store = tmp_path / "ws", tmp_path / "store"
     (ws / "d").mkdir(parents=True)
-    with _real_view(ws) as real, mounted(ws, store) as m:
+    with real_view(ws) as real, mounted(ws, store) as m:
         before = exact(real)
         e1 = m.call("turn.begin", session="s", turn=1, label="mknod")["epoch"]
         _make_specials(ws)
@@ -111,7 +101,7 @@ def _turn_replaces_specials(ws):
 def test_specials_removed_or_replaced_in_a_turn_come_back(tmp_path):
     ws, store = tmp_path / "ws", tmp_path / "store"
     _make_specials(ws)
-    with _real_view(ws) as real, mounted(ws, store) as m:
+    with real_view(ws) as real, mounted(ws, store) as m:
         before = exact(real)
         e1 = m.call("turn.begin", session="s", turn=1, label="replace")["epoch"]
         _turn_replaces_specials(ws)
@@ -162,7 +152,7 @@ def test_hard_links_of_specials_and_symlinks_come_back(tmp_path):
     os.symlink("target", ws / "sym")
     for name in ("chr", "sock", "sym", "fifo"):
         os.link(ws / name, ws / "d" / (name + "-2"), follow_symlinks=False)
-    with _real_view(ws) as real, mounted(ws, store) as m:
+    with real_view(ws) as real, mounted(ws, store) as m:
         before = exact(real)
         e1 = m.call("turn.begin", session="s", turn=1, label="links")["epoch"]
         os.chmod(ws / "d" / "chr-2", 0o666)
@@ -194,7 +184,7 @@ def test_rename_whiteout_through_the_mount_leaves_a_whiteout(tmp_path):
     ws, store = tmp_path / "ws", tmp_path / "store"
     ws.mkdir()
     (ws / "a").write_bytes(b"content\n")
-    with _real_view(ws) as real, mounted(ws, store) as m:
+    with real_view(ws) as real, mounted(ws, store) as m:
         before = exact(real)
         e1 = m.call("turn.begin", session="s", turn=1, label="whiteout")["epoch"]
         fd = os.open(ws, os.O_RDONLY | os.O_DIRECTORY)

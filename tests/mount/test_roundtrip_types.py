@@ -18,7 +18,6 @@ mounting).  ``REWINDFS_TRIALS`` / ``REWINDFS_SEED`` run more or other seeds
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import errno
 import mmap
@@ -32,7 +31,7 @@ from mountkit import cli, mounted
 from relkit import trials
 from rewindfs.store import Store
 from store_fixtures import assert_sound
-from treesnap import compare, exact
+from treesnap import compare, exact, real_view
 
 pytestmark = pytest.mark.mount
 
@@ -297,15 +296,6 @@ class FsStress:
             os.utime(p, ns=(t, t + self.rng.randrange(0, 10**9)), follow_symlinks=False)
 
 
-@contextlib.contextmanager
-def _real_view(ws):
-    fd = os.open(ws, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        yield f"/proc/self/fd/{fd}"
-    finally:
-        os.close(fd)
-
-
 def _run(gen: FsStress, n: int) -> None:
     for _ in range(n):
         gen.step()
@@ -336,7 +326,7 @@ def _mounted(tmp, seed) -> list[str]:
     """The daemon rewinds and redoes; problems found (empty: exact round trip)."""
     ws, store = tmp / "ws", tmp / "store"
     ws.mkdir(parents=True)
-    with _real_view(ws) as real, mounted(ws, store) as m:
+    with real_view(ws) as real, mounted(ws, store) as m:
         before, e1, after, gen = _turn(m, ws, real, seed)
         if compare(before, after) == []:
             return ["the turn changed nothing"]
@@ -355,7 +345,7 @@ def _offline(tmp, seed) -> list[str]:
     """The turn through the mount; rewind and redo by the CLI on the unmounted tree."""
     ws, store = tmp / "ws", tmp / "store"
     ws.mkdir(parents=True)
-    with _real_view(ws) as real:
+    with real_view(ws) as real:
         with mounted(ws, store) as m:
             before, e1, after, _gen = _turn(m, ws, real, seed)
     if compare(before, after) == []:
@@ -397,7 +387,7 @@ def test_names_made_in_a_directory_now_behind_a_symlink(tmp_path):
     ws, store = tmp_path / "ws", tmp_path / "store"
     (ws / "x" / "d").mkdir(parents=True)
     (ws / "x" / "d" / "old").write_bytes(b"old\n")
-    with _real_view(ws) as real, mounted(ws, store) as m:
+    with real_view(ws) as real, mounted(ws, store) as m:
         before = exact(real)
         e1 = m.call("turn.begin", session="s", turn=1, label="behind a symlink")["epoch"]
         (ws / "x" / "d" / "sub").mkdir()
