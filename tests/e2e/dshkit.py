@@ -89,6 +89,10 @@ class Dsh:
         self.agents = workdir / "dsh-agents"
         self.home.mkdir()
         self.agents.mkdir()
+        # the harness spills tool output into os.tmpdir(); keep it in the test's own
+        # directory, so a run leaves nothing behind in /tmp
+        self.tmp = workdir / "tmp"
+        self.tmp.mkdir()
         self.overlay = workdir / "runner-overlay.yml"
         self.overlay.write_text(OVERLAY.format(runner=HERE / "runner" / "index.js"))
         path = paths["PATH_PREFIX"] + os.pathsep + os.environ.get("PATH", "")
@@ -96,7 +100,7 @@ class Dsh:
         self.env.update(PATH=path, DSH_HOME=str(self.home), DSH_AGENTS_HOME=str(self.agents),
                         DSH_TELEMETRY_DISABLED="1", DSH_PERMISSION_MODE="danger-full-access",
                         DEEPSEEK_BASE_URL=model.url, DEEPSEEK_API_KEY="test-key",
-                        REWINDFS_HOME=str(store))
+                        REWINDFS_HOME=str(store), TMPDIR=str(self.tmp))
 
     def dsh(self, *args, cwd, extra_env=None, timeout=None) -> subprocess.CompletedProcess:
         timeout = timeout or int(os.environ.get("REWINDFS_E2E_TIMEOUT", "180"))
