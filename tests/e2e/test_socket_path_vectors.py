@@ -10,6 +10,7 @@ generator itself is checked against a third SHA-256.
 from __future__ import annotations
 
 import json
+import importlib
 import os
 import pathlib
 import shutil
@@ -67,22 +68,13 @@ def test_plugin_needs_no_xxhash():
     assert not (ROOT / "plugin" / "dsh" / "lib" / "xxh3.js").exists()
 
 
+@pytest.mark.parametrize("side", ["rewindfs.plugin._paths", "rewindfs.overlay.places"],
+                         ids=["python-client", "daemon"])
 @pytest.mark.parametrize("v", DATA["socket_path"], ids=lambda v: f"uid{v['uid']}")
-def test_python_client_paths(v, monkeypatch):
-    from rewindfs.plugin._paths import control_socket_path
-
-    monkeypatch.setattr(os, "getuid", lambda: v["uid"])
-    if v["XDG_RUNTIME_DIR"] is None:
-        monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
-    else:
-        monkeypatch.setenv("XDG_RUNTIME_DIR", v["XDG_RUNTIME_DIR"])
-    assert control_socket_path(v["store"], v["workspace"]) == v["socket"].encode()
-
-
-@pytest.mark.parametrize("v", DATA["socket_path"], ids=lambda v: f"uid{v['uid']}")
-def test_daemon_paths(v, monkeypatch):
-    from rewindfs.overlay.places import control_socket_path
-
+def test_python_paths(v, side, monkeypatch):
+    """The Python client's function and the one the daemon binds with agree with the
+    vectors (the daemon's is imported through overlay.places, where it uses it)."""
+    control_socket_path = importlib.import_module(side).control_socket_path
     monkeypatch.setattr(os, "getuid", lambda: v["uid"])
     if v["XDG_RUNTIME_DIR"] is None:
         monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
