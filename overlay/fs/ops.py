@@ -400,6 +400,8 @@ class RewindOperations(pyfuse3.Operations):
             if self.busy:
                 self._refuse_busy_node(node)
             self._guard_node(node)
+        if fields.update_mtime and self.enable_writeback_cache:
+            node.kernel_mtime_ns = attr.st_mtime_ns     # see write()
         if node is self.table.root:
             return self._setattr_fd(node, attr, fields, self.root_fd)
         if not node.paths:
@@ -697,6 +699,13 @@ class RewindOperations(pyfuse3.Operations):
         done = 0
         while done < len(view):
             done += os.pwrite(fh, view[done:], off + done)
+        if node.kernel_mtime_ns is not None:
+            # With the writeback cache the kernel owns mtime and pushes it in a SETATTR,
+            # which can overtake a queued WRITE (fuse_flush: write_inode_now sends the
+            # pages in the background, the times at once).  Our pwrite must not move the
+            # real mtime past the kernel's: keep the last one it pushed; a newer write's
+            # own push follows (at close, fsync, syncfs — a turn boundary runs one).
+            syscalls.futimens(fh, None, node.kernel_mtime_ns)
         return done
 
     async def flush(self, fh):
@@ -955,6 +964,7 @@ class RewindOperations(pyfuse3.Operations):
                 if st is None or (st.st_dev, st.st_ino) != node.key:
                     self.table.unbind(relpath, gone=len(node.paths) <= 1)
                 node.seen = None
+                node.kernel_mtime_ns = None     # the real times changed behind the kernel
                 self.notifier.inode(node.ino)
             twin = self.table.by_key.get(_key_of(st)) if st is not None else None
             if twin is not None and (twin is not node or len(twin.paths) > 1):
@@ -963,6 +973,7 @@ class RewindOperations(pyfuse3.Operations):
                 # the writeback cache the kernel keeps a cached inode's mtime over what
                 # getattr says, and an inode no entry (or open file) holds is dropped.
                 twin.seen = None
+                twin.kernel_mtime_ns = None
                 if twin is not node:
                     self.notifier.inode(twin.ino)
                 for other in [p for p in twin.paths if p != relpath]:

@@ -57,6 +57,12 @@ def utimensat(dir_fd: int, name: bytes, atime_ns: int | None, mtime_ns: int | No
     _check(_libc.utimensat(dir_fd, name, times, AT_SYMLINK_NOFOLLOW), "utimensat", name)
 
 
+def futimens(fd: int, atime_ns: int | None, mtime_ns: int | None) -> None:
+    """Set atime/mtime of the open file *fd*; ``None`` leaves one as is."""
+    times = (_Timespec * 2)(_ts(atime_ns), _ts(mtime_ns))
+    _check(_libc.futimens(fd, times), "futimens", b"")
+
+
 def malloc_trim() -> None:
     """Give the C heap's free memory back to the kernel (every malloc arena, glibc).
     A rewind or gc in a worker thread leaves tens of MB free in that thread's arena,

@@ -17,6 +17,7 @@ import pytest
 
 from tmpfskit import small_tmpfs
 from mountkit import mounted
+from treesnap import real_view
 
 pytestmark = pytest.mark.mount
 
@@ -128,3 +129,29 @@ def test_times_pushed_after_unlink_are_not_errors(tmp_path):
             os.close(root)
         assert os.listdir(ws) == []
         m.call("turn.end")
+
+
+def test_the_real_mtime_is_the_one_the_mount_showed(tmp_path):
+    """With the writeback cache the kernel owns mtime and pushes it in a SETATTR that
+    can overtake the WRITE of the same data (``copy_file_range`` through the mount falls
+    back to the page cache; ``close`` sends the pages in the background and the times at
+    once).  The real file must end with the mtime the mount showed: a pre-image records
+    the real one, and a rewind or redo would otherwise give back times nobody saw."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    with real_view(ws) as real, mounted(ws, tmp_path / "store", env=_WB):
+        seen = []
+        for i in range(5):
+            src, dst = ws / f"src{i}", ws / f"dst{i}"
+            src.write_bytes(b"s" * (5000 + i))
+            dst.write_bytes(b"d" * 8192)
+            a = os.open(src, os.O_RDONLY)
+            b = os.open(dst, os.O_WRONLY)
+            try:
+                os.copy_file_range(a, b, 5000 + i, 0, 0)
+            finally:
+                os.close(a)
+                os.close(b)
+            seen.append((os.lstat(dst).st_mtime_ns,
+                         os.lstat(os.path.join(real, f"dst{i}")).st_mtime_ns))
+        assert [m for m, _ in seen] == [r for _, r in seen]
