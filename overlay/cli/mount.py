@@ -21,7 +21,7 @@ from rewindfs.store._errors import RewindfsError
 from rewindfs.overlay import daemon
 from rewindfs.overlay.cli import options
 from rewindfs.overlay.control import client, wire
-from rewindfs.overlay.cli.render import escape, human_bytes
+from rewindfs.overlay.cli.render import INTENT_FINISHING, INTENT_PENDING, escape, human_bytes
 from rewindfs.overlay.places import (check_mount_owner, check_place, check_workspace,
                                      control_socket_path, enclosing_rewindfs_mount,
                                      find_rewindfs_mount, find_socket, lazy_unmount,
@@ -224,7 +224,7 @@ def _say_pending_intent(store_path, real: bytes, out) -> None:
     except (StoreError, OSError):
         return          # no store yet, or unreadable: the daemon will say why
     if pending:
-        out.warn("finishing an interrupted rewind first")
+        out.warn(INTENT_FINISHING)
 
 
 def cmd_unmount(args, out) -> int:
@@ -337,8 +337,7 @@ def cmd_status(args, out) -> int:
                 f"({res['epoch_kind']})")
         _say_usage(out, res.get("usage"))
         if res.get("intent"):
-            out.warn("an interrupted rewind is pending; the next `mount`, `rewind` or "
-                     "`redo` finishes it")
+            out.warn(INTENT_PENDING)
         return 0
     if not out.json:
         turn = res.get("open_turn")

@@ -16,7 +16,7 @@ from rich.table import Table
 from rewindfs.store._gc import MAX_COUNT, MAX_SECONDS
 from rewindfs.overlay.errors import BadAmount
 
-__all__ = ["RewindView", "parse_duration", "parse_size", "render_diff", "render_gc", "render_log"]
+__all__ = ["INTENT_FINISHING", "INTENT_PENDING", "RewindView", "parse_duration", "parse_size", "render_diff", "render_gc", "render_log"]
 
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\udc80-\udcff]")
@@ -46,6 +46,12 @@ def _when(ns) -> str:
     # Month-day and minute tell a person's turns apart and leave the label room in 80
     # columns (the epoch column orders them; --json keeps the nanoseconds).
     return datetime.datetime.fromtimestamp(ns / 1e9).strftime("%m-%d %H:%M")
+
+
+# What an interrupted rewind's intent means to the user, said the same by every command.
+INTENT_PENDING = ("an interrupted rewind is pending (the tree may be half rewound); "
+                  "the next `mount`, `rewind` or `redo` finishes it")
+INTENT_FINISHING = "finishing an interrupted rewind first"
 
 
 def human_bytes(n: int) -> str:

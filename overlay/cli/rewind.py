@@ -126,10 +126,9 @@ def _offline(store_path, start: bytes, out, finish):
         try:
             if store.get_intent(ws) is not None:
                 if finish is None:
-                    out.warn("an interrupted rewind is pending (the tree may be half "
-                             "rewound); `rewindfs rewind`, `redo` or `mount` finishes it")
+                    out.warn(V.INTENT_PENDING)
                 else:
-                    out.warn("finishing an interrupted rewind first")
+                    out.warn(V.INTENT_FINISHING)
                     with finish.landing():
                         recover(fd, store, ws)
                     if finish.pressed:      # Ctrl-C during it: start nothing new
