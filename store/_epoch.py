@@ -15,7 +15,10 @@ from dataclasses import dataclass, replace
 from . import _schema as S
 from ._errors import UnknownPoint
 
-KINDS = ("turn", "idle", "rewind")
+# ``rewind``: restored point ``target``; ``session`` is its owner (None: the workspace's
+# manual owner).  ``redo``: undid the rewind epoch ``target`` (back to point ``target``,
+# the state that rewind found); ``session`` is the owner of both.
+KINDS = ("turn", "idle", "rewind", "redo")
 
 
 @dataclass(frozen=True)

@@ -40,9 +40,18 @@ class RewindfsError(Exception):
         self.message = message
         super().__init__(message)
 
+    # detail names sent to clients as the error object's ``data`` (what a client needs
+    # to act on the refusal, e.g. the sessions an ambiguous point could mean)
+    wire_details: tuple[str, ...] = ()
+
     def to_dict(self) -> dict:
-        """The protocol's error object."""
-        return {"code": self.code, "message": self.message}
+        """The protocol's error object: ``code``, ``message`` and, when the class names
+        ``wire_details``, ``data`` with those details."""
+        out = {"code": self.code, "message": self.message}
+        data = {k: self.details[k] for k in self.wire_details if k in self.details}
+        if data:
+            out["data"] = data
+        return out
 
 
 def _text(value):

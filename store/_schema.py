@@ -17,9 +17,10 @@ payload or file) is verified against the key, the content hash, on every read
 journal entry references.  ``meta/schema`` stays a bare msgpack int so that every
 version can read it and refuse a newer store.
 
-Schema (``SCHEMA_VERSION`` = 4; 2 added ``INLINE_ZSTD``, 3 sealed every value, 4 added
+Schema (``SCHEMA_VERSION`` = 5; 2 added ``INLINE_ZSTD``, 3 sealed every value, 4 added
 the pre-image kinds socket/chardev/blockdev and a pre-image's ``rdev`` — no value
-changes, a version-3 journal value decodes as before; an older store is upgraded in
+changes, a version-3 journal value decodes as before; 5 added the epoch kind ``redo``
+— no value changes either; an older store is upgraded in
 place when opened, see ``_upgrade``)::
 
     meta        key: ascii name                      value: msgpack
@@ -74,11 +75,13 @@ import xxhash
 
 from ._errors import IndexCorrupt, SchemaTooNew, StoreError
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 SEALED_SINCE = 3
 # 4: pre-images of special files (``_preimage.KINDS``).  Nothing to rewrite, but a
 # version-3 program must refuse such a store: it would take a socket's or a device's
 # journal entry for a damaged one.
+# 5: the epoch kind ``redo`` (``_epoch.KINDS``).  Nothing to rewrite; a version-4
+# program must refuse the store: it would take a redo epoch for a damaged record.
 CHECKSUM = 8                      # bytes of xxh3-64 after every sealed value
 UNSEALED = (b"blobs",)            # and meta/schema (see the module docstring)
 
@@ -288,8 +291,8 @@ def _check_version(env: lmdb.Environment, dbs: dict, index_dir: str) -> None:
                 raise ValueError(found)
         if found < SCHEMA_VERSION:
             # an older program must now refuse the store: it would take a compressed
-            # entry for a missing blob file (2), a sealed value for garbage (3) or a
-            # special file's pre-image for a damaged one (4)
+            # entry for a missing blob file (2), a sealed value for garbage (3), a
+            # special file's pre-image (4) or a redo epoch (5) for a damaged one
             if found < SEALED_SINCE:
                 _upgrade(txn, dbs)
             txn.put(b"schema", pack(SCHEMA_VERSION))
