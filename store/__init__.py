@@ -11,6 +11,7 @@ from ._errors import (
     UnknownPoint,
 )
 from ._gc import GcReport
+from ._history import RedoStale
 from ._journal import EpochClosed
 from ._plan import Action, Plan
 from ._preimage import PreImage, check_relpath
@@ -21,7 +22,7 @@ __all__ = [
     "INLINE_MAX", "Action", "AmbiguousPoint", "BadPath", "BadPoint", "BadSession", "BlobCollision",
     "BlobCorrupt", "BlobMissing", "Epoch", "EpochClosed", "FsckReport", "GcReport",
     "IndexCorrupt", "InternalError", "NothingToRedo", "PathEscape", "Plan", "PreImage", "Problem",
-    "RewindfsError", "SchemaTooNew", "SessionConflict", "Store", "StoreError", "StoreFull",
+    "RedoStale", "RewindfsError", "SchemaTooNew", "SessionConflict", "Store", "StoreError", "StoreFull",
     "StoreInsideWorkspace", "TurnOpen", "UnknownPoint",
     "check_relpath", "hash_fd",
 ]

@@ -151,7 +151,7 @@ class TurnOpen(RewindfsError):
 
 
 class NothingToRedo(RewindfsError):
-    """Nothing to redo: no rewind{scope} yet."""
+    """Nothing to redo: no rewind{scope} is left to undo."""
 
     code = "nothing-to-redo"
 

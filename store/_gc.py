@@ -4,8 +4,8 @@ Retention (optional, ``keep_epochs`` / ``max_age_s`` / ``max_bytes``) drops the 
 epochs of a workspace — always a contiguous oldest-first prefix, because dropping an
 epoch's pre-images invalidates every point at or before it (those points are then
 unknown; ``resolve_point`` says so).  Never dropped: the open epoch, and — unless
-``drop_redo`` — every epoch at or after the target of the newest rewind of each session
-(and of the workspace as a whole): a pending redo, or undoing that redo, needs them.
+``drop_redo`` — every epoch at or after the target of any rewind still on an owner's
+redo stack (``_history``): a pending redo, or undoing that redo, needs them.
 Nothing after a kept epoch is dropped either.  ``max_bytes`` counts the pre-image bytes
 recorded per epoch (``Epoch.bytes``, before dedup) summed over the store.
 
@@ -26,7 +26,7 @@ import os
 import time
 from dataclasses import dataclass
 
-from . import _epoch, _journal, _txn
+from . import _epoch, _history, _journal, _txn
 from . import _schema as S
 from ._blob import decode_entry
 from ._errors import EXIT_USAGE, BlobCorrupt, RewindfsError
@@ -105,14 +105,10 @@ def _droppable(epochs: list[_epoch.Epoch], drop_redo: bool = False) -> list[_epo
 
 
 def _pending_redos(epochs) -> list[_epoch.Epoch]:
-    """The newest rewind epoch of the workspace and of each session: what ``redo`` (with
-    or without ``--session``) would undo."""
-    newest: dict = {}
-    for e in epochs:
-        if e.kind == "rewind" and e.target is not None:
-            newest[e.session] = e
-            newest[("any",)] = e
-    return list(newest.values())
+    """Every rewind still on an owner's redo stack: what ``redo`` may yet undo."""
+    owners = {e.session for e in epochs if e.kind == "rewind"}
+    return [r for o in owners for r in _history.redo_stack(epochs, o)
+            if r.target is not None]
 
 
 def _retain(store, report, keep_epochs, max_age_s, max_bytes, drop_redo) -> None:

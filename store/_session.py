@@ -6,9 +6,11 @@ the child inherit the parent's points for turns ``<= boundary_turn`` (the point 
 N is the start of turn N, so a child forked "at turn N" can go back to it), recursively
 through the parent's own parent.  Sessions are store-wide; turns are per workspace.
 
-Points are named absolutely (DESIGN invariant 8): an epoch id (``12``, ``"12"``,
-``"e12"``) or a turn (``"t3"``, ``"turn:3"``, or a bare number when a session is
-given).  Relative names (``-1``, ``~1``, ``HEAD~1``, ``prev``…) raise ``BadPoint``.
+Points are named absolutely (DESIGN invariant 8): an epoch (``"e12"``,
+``"epoch:12"``) or a turn (``"t3"``, ``"turn:3"``, a bare ``"3"`` or ``3``).  A bare
+number is never an epoch.  A turn without a session means the turn of the workspace's
+only session; with several sessions it is refused (``AmbiguousPoint``, naming them).
+Relative names (``-1``, ``~1``, ``HEAD~1``, ``prev``…) raise ``BadPoint``.
 """
 
 from __future__ import annotations
@@ -22,8 +24,8 @@ from ._errors import EXIT_USAGE, BadPoint, RewindfsError, StoreError, TurnOpen, 
 
 MAX_SESSION = 256
 _RELATIVE_WORDS = {"prev", "previous", "last", "head", "next", "latest", "current"}
-_EPOCH_RE = re.compile(r"(?:e|epoch:)?(\d+)")
-_TURN_RE = re.compile(r"(?:t|turn:)(\d+)")
+_EPOCH_RE = re.compile(r"(?:e|epoch:)(\d+)")
+_TURN_RE = re.compile(r"(?:t|turn:)?(\d+)")
 
 
 class BadSession(RewindfsError):
@@ -41,10 +43,11 @@ class SessionConflict(StoreError):
 
 
 class AmbiguousPoint(UnknownPoint):
-    """Turn {point!r} exists in several sessions of this workspace; name the session."""
+    """{point} is a turn of which session? {sessions}; pass --session, or write e{number} for epoch {number}."""
 
     code = "ambiguous-point"
     exit_code = EXIT_USAGE
+    wire_details = ("choices",)
 
 
 def check_session(session) -> str:
@@ -171,19 +174,18 @@ def _is_relative(text: str) -> bool:
 
 
 def resolve(txn, db, ws: int, point, session: str | None) -> int:
+    """The epoch id ``point`` names (see the module docstring)."""
     if isinstance(point, bool) or not isinstance(point, (int, str)):
         raise UnknownPoint(point=point)
     if isinstance(point, int):
         if point < 0:
             raise BadPoint(point=str(point))
-        return _turn(txn, db, ws, point, session) if session else _epoch_id(txn, db, ws, point)
+        return _turn(txn, db, ws, point, session, typed=str(point))
     if _is_relative(point):
         raise BadPoint(point=point)
     text = point.strip().lower()
     if m := _TURN_RE.fullmatch(text):
-        return _turn(txn, db, ws, int(m.group(1)), session)
-    if text.isdigit() and session:
-        return _turn(txn, db, ws, int(text), session)
+        return _turn(txn, db, ws, int(m.group(1)), session, typed=point.strip())
     if m := _EPOCH_RE.fullmatch(text):
         return _epoch_id(txn, db, ws, int(m.group(1)))
     raise UnknownPoint(point=point)
@@ -193,25 +195,38 @@ def _epoch_id(txn, db, ws: int, eid: int) -> int:
     return _epoch.get_in(txn, db, ws, eid).id
 
 
-def _turn(txn, db, ws: int, turn: int, session: str | None) -> int:
-    if session is not None:
-        found = dict(points(txn, db, ws, session)).get(turn)
-        if found is None:
-            raise UnknownPoint(point=f"t{turn} of session {session}")
-        return found
-    newest: dict[str | None, int] = {}     # session → its newest epoch of that turn
+def of_workspace(txn, db, ws: int) -> dict[str, list[int]]:
+    """Each session that ran turns in ``ws`` → its turn numbers, sorted."""
+    turns: dict[str, set[int]] = {}
     for e in _epoch.all_of(txn, db, ws):
-        if e.kind == "turn" and e.turn == turn:
-            newest[e.session] = e.id
-    if not newest:
-        raise UnknownPoint(point=f"t{turn}")
-    if len(newest) > 1:
-        raise AmbiguousPoint(point=f"t{turn}")
-    return next(iter(newest.values()))
+        if e.kind == "turn" and e.session is not None:
+            turns.setdefault(e.session, set()).add(e.turn)
+    return {s: sorted(t) for s, t in sorted(turns.items())}
 
 
-def newest_rewind(txn, db, ws: int, session: str | None) -> _epoch.Epoch | None:
-    for e in reversed(_epoch.all_of(txn, db, ws)):
-        if e.kind == "rewind" and (session is None or e.session == session):
-            return e
-    return None
+def _turn(txn, db, ws: int, turn: int, session: str | None, *, typed: str) -> int:
+    if session is None:
+        session = _only_session(txn, db, ws, turn, typed)
+    found = dict(points(txn, db, ws, session)).get(turn)
+    if found is None:
+        raise UnknownPoint(point=f"t{turn} of session {session}")
+    return found
+
+
+def _only_session(txn, db, ws: int, turn: int, typed: str) -> str:
+    """The session a turn named without one means: the workspace's only session."""
+    sessions = of_workspace(txn, db, ws)
+    if len(sessions) == 1:
+        return next(iter(sessions))
+    if not sessions:
+        raise UnknownPoint(f"No turn {typed} in this workspace: no session ran a turn here "
+                           f"(write e{turn} for epoch {turn}; see `rewindfs log`)",
+                           point=typed)
+    listed = ", ".join(f"{s} ({_span(t)})" for s, t in sessions.items())
+    raise AmbiguousPoint(point=typed, number=turn, sessions=listed,
+                         choices=[{"session": s, "turns": [t[0], t[-1]]}
+                                  for s, t in sessions.items()])
+
+
+def _span(turns: list[int]) -> str:
+    return f"turn {turns[0]}" if len(turns) == 1 else f"turns {turns[0]}–{turns[-1]}"

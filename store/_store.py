@@ -24,10 +24,10 @@ import threading
 
 import xxhash
 
-from . import _epoch, _intent, _journal, _plan, _point, _session, _txn
+from . import _epoch, _history, _intent, _journal, _plan, _point, _session, _txn
 from . import _schema as S
 from ._blob import BlobArea
-from ._errors import StoreError
+from ._errors import NothingToRedo, StoreError
 from ._location import check_outside, is_inside
 from ._preimage import PreImage, check_relpath
 from ._usage import usage
@@ -215,21 +215,28 @@ class Store:
             e = _epoch.last(txn, self._db, ws)
         return e if e is not None and e.kind == "turn" and e.is_open else None
 
-    def begin_rewind(self, ws, target: int, session: str | None) -> _epoch.Epoch:
-        """Close the open epoch and open a ``rewind`` epoch restoring point ``target``.
-        Refusing while a turn is open is the caller's policy (it may be forced)."""
+    def begin_rewind(self, ws, target: int, session: str | None,
+                     kind: str = "rewind") -> _epoch.Epoch:
+        """Close the open epoch and open a ``rewind`` epoch restoring point ``target``
+        owned by ``session`` (None: the manual owner) — or, ``kind="redo"``, a redo
+        epoch undoing the rewind epoch ``target`` (``_history``).  Refusing while a
+        turn is open is the caller's policy (it may be forced)."""
         if session is not None:
             _session.check_session(session)
+        if kind not in ("rewind", "redo"):
+            raise StoreError(f"not a rewind kind: {kind!r}")
         with self._w() as txn:
-            _epoch.get_in(txn, self._db, ws, target)
-            return _epoch.open_new(txn, self._db, ws, "rewind", session=session,
+            found = _epoch.get_in(txn, self._db, ws, target)
+            if kind == "redo" and found.kind != "rewind":
+                raise StoreError(f"a redo undoes a rewind epoch; e{target} is {found.kind}")
+            return _epoch.open_new(txn, self._db, ws, kind, session=session,
                                    target=target)
 
     def end_rewind(self, ws) -> _epoch.Epoch:
-        """Close the open rewind epoch and open (and return) an ``idle`` one."""
+        """Close the open rewind (or redo) epoch and open (and return) an ``idle`` one."""
         with self._w() as txn:
             cur = _epoch.current(txn, self._db, ws)
-            if cur.kind != "rewind":
+            if cur.kind not in ("rewind", "redo"):
                 raise StoreError(f"epoch {cur.id} is not a rewind")
             e = _epoch.open_new(txn, self._db, ws, "idle")
         self.flush()
@@ -270,9 +277,36 @@ class Store:
         with self._r() as txn:
             return _session.resolve(txn, self._db, ws, point, session)
 
-    def newest_rewind(self, ws, session=None) -> _epoch.Epoch | None:
+    def redo_target(self, ws, owner: str | None):
+        """The rewind ``redo`` of ``owner`` undoes (the top of its stack) and that
+        redo's stale changes (``_history``); ``NothingToRedo`` when the stack is empty."""
         with self._r() as txn:
-            return _session.newest_rewind(txn, self._db, ws, session)
+            epochs = _epoch.all_of(txn, self._db, ws)
+        stack = _history.redo_stack(epochs, owner)
+        if not stack:
+            raise NothingToRedo(scope=f" of session {owner}" if owner is not None
+                                else " made without a session")
+        return stack[-1], _history.stale_changes(epochs, stack[-1])
+
+    def redo_stacks(self, ws) -> dict:
+        """Every owner's redo stack (rewinds not yet undone, oldest first)."""
+        with self._r() as txn:
+            epochs = _epoch.all_of(txn, self._db, ws)
+        owners = {e.session for e in epochs if e.kind == "rewind"}
+        return {o: s for o in owners if (s := _history.redo_stack(epochs, o))}
+
+    def paths_changed_by(self, ws, epochs) -> int:
+        """How many paths ``epochs`` (of ``ws``) touched, each counted once."""
+        ids = {e.id for e in epochs}
+        if not ids:
+            return 0
+        return sum(1 for _p, eps in self.touches_since(ws, min(ids))
+                   if any(e.id in ids for e in eps))
+
+    def sessions(self, ws) -> dict[str, list[int]]:
+        """The sessions that ran turns in ``ws``, each with its turn numbers (sorted)."""
+        with self._r() as txn:
+            return _session.of_workspace(txn, self._db, ws)
 
     # -- blobs ------------------------------------------------------------------------
     def put_fd(self, fd: int, hint: bytes | None = None) -> tuple[bytes, int]:

@@ -101,7 +101,10 @@ def render_log(out, points: list[dict], *, mounted: bool) -> None:
         label = p.get("label") or ""
         if p["kind"] == "rewind" and p.get("target") is not None:
             label = f"→ point e{p['target']}" + (f" {label}" if label else "")
-        style = {"turn": "", "idle": "dim", "rewind": "magenta"}.get(p["kind"], "")
+        elif p["kind"] == "redo" and p.get("target") is not None:
+            label = f"undid e{p['target']}" + (f" {label}" if label else "")
+        style = {"turn": "", "idle": "dim", "rewind": "magenta", "redo": "magenta"}.get(
+            p["kind"], "")
         rows.append(([f"e{p['epoch']}", p["kind"], escape(p.get("session") or "", markup=False),
                       str(p["turn"]) if p.get("turn") is not None else "",
                       escape(label, markup=False), _when(p.get("started_ns")),
@@ -176,8 +179,8 @@ class RewindView:
     def _planned(self, ev: dict) -> None:
         self.planned = ev
         total = _changed(ev)
-        self.out.say(f"{'plan for' if self.dry_run else 'rewinding to'} point "
-                     f"[bold]e{ev['target']}[/]: {ev.get('written', 0)} written, "
+        self.out.say(f"{'plan: ' if self.dry_run else ''}{_going(ev, done=False)}: "
+                     f"{ev.get('written', 0)} written, "
                      f"{ev.get('created', 0)} created, {ev.get('deleted', 0)} deleted, "
                      f"{ev.get('meta', 0)} metadata-only")
         if not self.dry_run:   # named before the first change lands
@@ -215,7 +218,9 @@ class RewindView:
         if not self.dry_run:
             failed = result.get("failed") or []
             done = _changed(result)
-            line = f"restored {done} path(s) as rewind epoch e{result.get('epoch')}"
+            kind = "redo" if result.get("undid") is not None else "rewind"
+            line = (f"{_going(result, done=True)}: restored {done} path(s) as {kind} "
+                    f"epoch e{result.get('epoch')}")
             self.out.say(line + (f"; [red]{len(failed)} failed[/] (exit 1)" if failed else ""))
 
     def _unrecorded(self, paths: list[str]) -> None:
@@ -236,6 +241,34 @@ class RewindView:
             name = "metadata" if c["change"] == "meta" else c["change"]
             table.add_row(f"[{colour.get(c['change'], '')}]{name}[/]", escape(c["path"]))
         self.out.console.print(table)
+
+
+def _going(ev: dict, *, done: bool) -> str:
+    """Where a rewind or redo goes, as a person reads it: "rewound to the start of turn 2
+    of s1 — make it per-tenant — e4"; a redo: "undid rewind e9: back to …"."""
+    target = ev.get("target_point") or {"epoch": ev.get("target"), "kind": None}
+    where = _point_phrase(target)
+    if ev.get("undid") is not None:
+        return f"{'undid' if done else 'undoing'} rewind [bold]e{ev['undid']}[/]: back to {where}"
+    return f"{'rewound' if done else 'rewinding'} to {where}"
+
+
+def _point_phrase(p: dict) -> str:
+    eid = f"[bold]e{p['epoch']}[/]"
+    if p.get("kind") == "turn":
+        label = escape(_first_line(p.get("label") or ""), markup=True)
+        return (f"the start of turn {p['turn']} of {escape(p.get('session') or '', markup=True)}"
+                + (f" — {label}" if label else "") + f" — {eid}")
+    if p.get("kind") == "idle":
+        return f"the start of {eid} (edits between turns)"
+    if p.get("kind") in ("rewind", "redo"):
+        return f"the state {p['kind']} {eid} found"
+    return f"point {eid}"
+
+
+def _first_line(text: str, limit: int = 60) -> str:
+    line = text.splitlines()[0] if text else ""
+    return line if len(line) <= limit else line[:limit - 1] + "…"
 
 
 # -- diff ---------------------------------------------------------------------------------

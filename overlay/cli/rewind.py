@@ -453,19 +453,27 @@ def register(sub) -> None:
 
     p = sub.add_parser("rewind", help="put the workspace back to the start of a turn/epoch")
     p.add_argument("point", metavar="POINT",
-                   help="absolute turn number (with --session), tN, or epoch id eN")
-    _rewind_options(p, session="the session whose turn numbers POINT uses")
+                   help="a turn: N or tN (of --session, or of the only session), or an "
+                   "epoch: eN; a bare number is never an epoch")
+    _rewind_options(p, session="the session whose turns POINT counts; also the rewind's "
+                    "owner, whose `redo --session S` undoes it",
+                    force="even while a turn is open")
     p.add_argument("--path", action="append", metavar="P", help="only this path (repeatable)")
-    p.add_argument("--undo-for", metavar="S", help="attribute the rewind to session S "
-                   "(its `redo --session S` undoes it)")
+    p.add_argument("--undo-for", metavar="S", help="make session S the rewind's owner "
+                   "(its `redo --session S` undoes it); default: --session, else the "
+                   "manual owner (`redo` without --session)")
     p.set_defaults(command="rewind", dir=None)
 
-    p = sub.add_parser("redo", help="undo the newest rewind (of --session)")
-    _rewind_options(p, session="undo the newest rewind of session S")
+    p = sub.add_parser("redo", help="undo the newest rewind not yet undone (a stack: "
+                       "each redo undoes the next older one)")
+    _rewind_options(p, session="undo session S's newest rewind (default: the newest "
+                    "rewind made without a session)",
+                    force="even while a turn is open, and even when the tree changed "
+                    "after the rewind (those changes are discarded; they stay a point)")
     p.set_defaults(command="redo", dir=None)
 
     p = sub.add_parser("diff", help="what changed between two points (B default: now)")
-    p.add_argument("a", metavar="A", help="the earlier point: tN, N with --session, or eN")
+    p.add_argument("a", metavar="A", help="the earlier point: N or tN (a turn), or eN")
     p.add_argument("b", metavar="B", nargs="?", help="the later point (default: now)")
     p.add_argument("--path", action="append", metavar="P", help="only this path (repeatable)")
     p.add_argument("--session", metavar="S", help="the session whose turn numbers A and B use")
@@ -473,7 +481,7 @@ def register(sub) -> None:
     p.set_defaults(command="diff", dir=None)
 
     p = sub.add_parser("show", help="print a file as it was at POINT")
-    p.add_argument("point", metavar="POINT", help="tN, N with --session, or eN")
+    p.add_argument("point", metavar="POINT", help="N or tN (a turn), or eN (an epoch)")
     p.add_argument("file", metavar="PATH", help="the file (relative to the current directory)")
     p.add_argument("--session", metavar="S", help="the session whose turn numbers POINT uses")
     options.workspace(p)
@@ -490,8 +498,8 @@ def register(sub) -> None:
     p.set_defaults(command="gc", dir=None)
 
 
-def _rewind_options(p, *, session: str) -> None:
+def _rewind_options(p, *, session: str, force: str) -> None:
     p.add_argument("--dry-run", action="store_true", help="print the plan, change nothing")
     p.add_argument("--session", metavar="S", help=session)
-    p.add_argument("--force", action="store_true", help="even while a turn is open")
+    p.add_argument("--force", action="store_true", help=force)
     options.workspace(p)

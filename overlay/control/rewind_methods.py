@@ -69,13 +69,15 @@ def events_of(event: dict) -> dict:
 # ``ctx`` is a ``RewindHost``: the daemon, or the CLI offline (``ctx.live`` None: no
 # mount to invalidate or fence).  ``send(event)`` gets each progress event in its wire form.
 
-def _run_rewind(ctx: RewindHost, make_plan, *, dry_run: bool, session, force: bool, send) -> dict:
+def _run_rewind(ctx: RewindHost, make_plan, *, dry_run: bool, session, force: bool,
+                send, point=None) -> dict:
     if not dry_run and ctx.store.get_intent(ctx.ws) is not None:
         # An earlier rewind of this workspace broke off: finish it before planning anew.
         engine.recover(ctx.root_fd, ctx.store, ctx.ws,
                          **_hooks(ctx), fence=ctx.live)
     plan = make_plan()
-    summary = plan_dict(plan, with_changes=dry_run)     # built once: event and reply
+    summary = {**plan_dict(plan, with_changes=dry_run),   # built once: event and reply
+               **_named(ctx, plan, point, session)}
     send({"type": "rewind.planned", "dry_run": dry_run, **summary})
     if dry_run:
         return {"dry_run": True, "epoch": None, **summary}
@@ -85,7 +87,19 @@ def _run_rewind(ctx: RewindHost, make_plan, *, dry_run: bool, session, force: bo
         writers=_writers(ctx), fence=ctx.live)
     done = {**result.to_dict(), "exit_code": result.exit_code}
     send({"type": "rewind.done", **done, "failed": len(result.failed)})
-    return {**done, "foreign": summary["foreign"]}
+    return {**done, "foreign": summary["foreign"],
+            **{k: summary[k] for k in ("point", "owner", "undid", "target_point")}}
+
+
+def _named(ctx: RewindHost, plan: engine.RewindPlan, point, session) -> dict:
+    """How a reply names what it did: ``point`` as the user gave it (a redo: the rewind
+    it undid, ``eN``), the ``owner`` the new epoch belongs to, and ``target_point``: the
+    target epoch as a point (a turn's session, number and label)."""
+    target = ctx.store.epoch(plan.target).as_point()
+    if plan.kind == "redo":
+        return {"point": f"e{plan.undid}", "owner": plan.owner, "undid": plan.undid,
+                "target_point": target}
+    return {"point": str(point), "owner": session, "undid": None, "target_point": target}
 
 
 def _hooks(ctx: RewindHost) -> dict:
@@ -121,8 +135,9 @@ def rewind_sync(ctx: RewindHost, params: dict, send) -> dict:
     dry_run, force = flag(params, "dry_run", "rewind"), flag(params, "force", "rewind")
     make = functools.partial(engine.plan_rewind, ctx.root_fd, ctx.store, ctx.ws, to,
                              paths=paths, session=session, rules=_rules(ctx))
-    # undo_for: the rewind is attributed to that session, so its `redo` finds it.
-    return _run_rewind(ctx, make, dry_run=dry_run, force=force, send=send,
+    # The owner: undo_for, else the session, else the manual owner (None); its `redo`
+    # undoes this rewind (store._history).
+    return _run_rewind(ctx, make, dry_run=dry_run, force=force, send=send, point=to,
                        session=undo_for if undo_for is not None else session)
 
 
@@ -130,7 +145,7 @@ def redo_sync(ctx: RewindHost, params: dict, send) -> dict:
     session = opt_str(params, "session", "redo")
     dry_run, force = flag(params, "dry_run", "redo"), flag(params, "force", "redo")
     make = functools.partial(engine.plan_redo, ctx.root_fd, ctx.store, ctx.ws,
-                             session=session, rules=_rules(ctx))
+                             session=session, rules=_rules(ctx), force=force)
     return _run_rewind(ctx, make, dry_run=dry_run, force=force, session=session, send=send)
 
 

@@ -62,7 +62,7 @@ import os
 import stat
 from dataclasses import dataclass, field
 
-from rewindfs.store import INLINE_MAX, NothingToRedo, Plan, RewindfsError, TurnOpen
+from rewindfs.store import INLINE_MAX, Plan, RedoStale, RewindfsError, TurnOpen
 from rewindfs.store._errors import PathEscape
 from rewindfs.store._preimage import check_relpath
 
@@ -80,7 +80,7 @@ from rewindfs.overlay.tree.syscalls import syncfs
 log = logging.getLogger(__name__)
 
 __all__ = ["Failure", "PlannedAction", "RestoreResult", "RewindPlan", "apply_plan",
-           "plan_redo", "plan_rewind", "recover"]
+           "describe_epoch", "plan_redo", "plan_rewind", "recover"]
 
 CHANGES = ("created", "written", "deleted", "meta", "unchanged", "ignored")
 
@@ -106,6 +106,9 @@ class RewindPlan:
     requested: list[bytes] | None = None   # the ``paths`` filter, for the intent
     rules: IgnoreRules | None = None       # the rules it was classified under
     unrecorded: list[bytes] = field(default_factory=list)  # requested, no epoch knows
+    kind: str = "rewind"                   # the epoch kind it lands as: rewind | redo
+    owner: str | None = None               # a redo's owner (a rewind's is the caller's)
+    undid: int | None = None               # a redo: the rewind epoch it undoes
 
     def counts(self) -> dict[str, int]:
         out = dict.fromkeys(CHANGES, 0)
@@ -287,12 +290,37 @@ def _foreign(store, ws, target, paths, session):
 
 
 def plan_redo(root_fd: int, store, ws: int, *, session: str | None = None,
-              rules: IgnoreRules | None = None) -> RewindPlan:
-    """Undo the newest rewind (of ``session`` if given): plan a rewind to its start."""
-    newest = store.newest_rewind(ws, session)
-    if newest is None:
-        raise NothingToRedo(scope=f" of session {session}" if session else "")
-    return plan_rewind(root_fd, store, ws, f"e{newest.id}", session=None, rules=rules)
+              rules: IgnoreRules | None = None, force: bool = False) -> RewindPlan:
+    """Undo the newest rewind of owner ``session`` not yet undone (None: the manual
+    owner; ``store._history``): plan a rewind to the point it left, as a ``redo``.
+    ``NothingToRedo`` on an empty stack; ``RedoStale`` if the tree changed since that
+    rewind (the redo would undo those changes too), unless ``force``."""
+    rewind, stale = store.redo_target(ws, session)
+    if stale and not force:
+        raise _stale_refusal(store, ws, rewind, stale)
+    plan = plan_rewind(root_fd, store, ws, f"e{rewind.id}", rules=rules)
+    return dataclasses.replace(plan, kind="redo", owner=rewind.session, undid=rewind.id)
+
+
+def _stale_refusal(store, ws: int, rewind, stale) -> RedoStale:
+    paths = store.paths_changed_by(ws, stale)
+    what = ", ".join(describe_epoch(e) for e in stale)
+    return RedoStale(
+        f"redo would discard what changed after rewind e{rewind.id}: {what} "
+        f"({paths} path{'s' if paths != 1 else ''} would be overwritten); "
+        f"`rewindfs rewind e{rewind.id}` goes there explicitly (every state stays a "
+        "point), or pass --force to redo anyway",
+        rewind=rewind.id, changes=[e.as_point() for e in stale], paths=paths)
+
+
+def describe_epoch(e) -> str:
+    """An epoch as a refusal names it: ``turn 3 of s2 (e11)``, ``edits between turns
+    (e12)``, ``rewind e13``."""
+    if e.kind == "turn":
+        return f"turn {e.turn} of {e.session} (e{e.id})"
+    if e.kind == "idle":
+        return f"edits between turns (e{e.id})"
+    return f"{e.kind} e{e.id}"
 
 
 # -- applying -----------------------------------------------------------------------
@@ -490,7 +518,7 @@ def apply_plan(root_fd: int, store, ws: int, plan, *, session: str | None,
                epoch_changed=None, writers=None, fence=None,
                rules: IgnoreRules | None = None) -> RestoreResult:
     """Apply ``plan`` (a ``RewindPlan`` or a store ``Plan``) as a new ``rewind`` epoch
-    attributed to ``session``.  ``progress(event)`` gets ``{"type": "rewind.written" |
+    owned by ``session`` (a redo plan: as a ``redo`` epoch of its own owner).  ``progress(event)`` gets ``{"type": "rewind.written" |
     "rewind.deleted" | "rewind.failed", "path": bytes, …}``; ``invalidate(relpath)`` is
     called after each landed path; ``epoch_changed()`` right after the rewind epoch
     opens and right after it closes (the filesystem re-reads its current epoch).
@@ -511,7 +539,10 @@ def apply_plan(root_fd: int, store, ws: int, plan, *, session: str | None,
     turn = store.open_turn(ws)
     if turn is not None and not force:
         raise TurnOpen(turn=turn.turn, session=turn.session)
-    epoch = store.begin_rewind(ws, store_plan.target, session)
+    kind = plan.kind if isinstance(plan, RewindPlan) else "rewind"
+    if kind == "redo":
+        session = plan.owner
+    epoch = store.begin_rewind(ws, store_plan.target, session, kind=kind)
     _notify(epoch_changed)
     # The intent goes down before the first change: from here a crash is recoverable.
     store.put_intent(ws, {"v": 1, "epoch": epoch.id, "target": store_plan.target,
@@ -865,7 +896,7 @@ def recover(root_fd: int, store, ws: int, *, progress=None, invalidate=None,
         return None
     rewind_id, target = intent["epoch"], intent["target"]
     current = store.current_epoch(ws)
-    still_open = current.id == rewind_id and current.kind == "rewind"
+    still_open = current.id == rewind_id and current.kind in ("rewind", "redo")
     log.warning("recovering interrupted rewind (epoch %s, to point %s)", rewind_id, target)
     plan = _without_temps(store.plan(ws, target, intent.get("paths")))
     if rules is None:    # an invalid file: BadIgnoreRules, the intent stays for later

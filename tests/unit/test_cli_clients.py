@@ -138,7 +138,7 @@ def test_ctrl_c_in_a_terminal_mid_offline_rewind_finishes_it_first(tmp_path):
         while not pause.exists():
             assert time.monotonic() < deadline and term.status is None, term.text()
             time.sleep(0.01)
-        term.wait_for("rewinding to point")
+        term.wait_for("rewinding to")
         term.ctrl_c()
         term.wait_for("finishing the rewind first")
         pause.unlink()

@@ -244,7 +244,7 @@ async def test_rewind_dry_run_then_rewind_then_redo(d):
     await d.call("turn.end", session="s")
     before = tree(d.root)
 
-    dry, events = await d.request("rewind", to=t1, dry_run=True)
+    dry, events = await d.request("rewind", to=f"e{t1}", dry_run=True)
     assert dry["ok"] is True
     res = dry["result"]
     assert res["dry_run"] is True and res["epoch"] is None and res["target"] == t1
@@ -293,7 +293,7 @@ async def test_a_turn_mark_waits_for_a_running_rewind_whose_paths_are_fenced(
 
     with trio.fail_after(60):           # a hang fails the test instead of the session
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(functools.partial(run, "rewind", "rewind", to=t1))
+            nursery.start_soon(functools.partial(run, "rewind", "rewind", to=f"e{t1}"))
             try:
                 while not pause.exists():
                     await trio.sleep(0.005)
@@ -324,8 +324,8 @@ async def test_a_turn_mark_waits_for_a_running_rewind_whose_paths_are_fenced(
 async def test_rewind_refused_while_a_turn_is_open(d):
     t1 = (await d.call("turn.begin", session="s", turn=1, label="one"))["epoch"]
     await d.put("f", b"x")
-    await d.refused("rewind", "turn-open", to=t1)
-    done = await d.call("rewind", to=t1, force=True)
+    await d.refused("rewind", "turn-open", to=f"e{t1}")
+    done = await d.call("rewind", to=f"e{t1}", force=True)
     assert done["exit_code"] == 0 and tree(d.root) == {}
 
 
@@ -336,21 +336,21 @@ async def test_diff_and_show(d):
     await d.put("g", b"g")
     await d.call("turn.end")
 
-    diff = await d.call("diff", a=t1)
+    diff = await d.call("diff", a=f"e{t1}")
     assert diff["a"] == t1 and diff["b"] is None
     assert {c["path"]: (c["a_kind"], c["b_kind"]) for c in diff["changes"]} == {
         "f": ("file", "file"), "g": ("absent", "file")}
-    only_g = await d.call("diff", a=t1, paths=["g"])
+    only_g = await d.call("diff", a=f"e{t1}", paths=["g"])
     assert [c["path"] for c in only_g["changes"]] == ["g"]
 
-    inline = await d.call("show", point=t1, path="f")
+    inline = await d.call("show", point=f"e{t1}", path="f")
     assert inline["exists"] is True and base64.b64decode(inline["content_b64"]) == b"old"
     now = await d.call("show", path="f")
     assert now["point"] is None and base64.b64decode(now["content_b64"]) == b"newer"
-    absent = await d.call("show", point=t1, path="g")
+    absent = await d.call("show", point=f"e{t1}", path="g")
     assert absent == {"point": t1, "exists": False, "content_b64": None}
 
-    reply, events = await d.request("show", point=t1, path="f", stream=True)
+    reply, events = await d.request("show", point=f"e{t1}", path="f", stream=True)
     assert reply["result"] == {"point": t1, "exists": True, "size": 3, "streamed": True}
     assert events[0] == {"type": "show.start", "point": t1, "size": 3}
     data = b"".join(base64.b64decode(e["data_b64"]) for e in events[1:])
@@ -547,9 +547,9 @@ async def test_paths_that_leave_or_cannot_name_the_workspace(d, path, code):
     t1 = (await d.call("turn.begin", session="s", turn=1, label="x"))["epoch"]
     await d.put("f", b"x")
     await d.call("turn.end")
-    await d.refused("rewind", code, to=t1, paths=[path])
-    await d.refused("diff", code, a=t1, paths=[path])
-    await d.refused("show", code, point=t1, path=path)
+    await d.refused("rewind", code, to=f"e{t1}", paths=[path])
+    await d.refused("diff", code, a=f"e{t1}", paths=[path])
+    await d.refused("show", code, point=f"e{t1}", path=path)
 
 
 @pytest.mark.parametrize("point, code", [

@@ -13,7 +13,7 @@ import pytest
 
 from rewindfs.overlay.rewind.engine import apply_plan, plan_redo, plan_rewind
 from restorekit import History, open_history
-from rewindfs.store import NothingToRedo, RewindfsError, TurnOpen
+from rewindfs.store import NothingToRedo, RedoStale, RewindfsError, TurnOpen
 from store_fixtures import assert_sound
 from treesnap import compare, snapshot
 
@@ -100,9 +100,12 @@ def test_rewind_restores_everything_and_redo_undoes_it(hist):
 
     assert redo(hist).failed == []
     same(hist, after)
-    assert redo(hist).failed == []          # redo of the redo: back at the rewind
+    with pytest.raises(NothingToRedo):      # a stack, not a toggle: nothing left
+        redo(hist)
+    same(hist, after)
+    assert rewind(hist, "t1").failed == []  # going back again is a rewind, by turn number
     same(hist, base)
-    assert rewind(hist, "t1").failed == []  # by turn number; already there: a no-op
+    assert rewind(hist, "t1").failed == []  # already there: a no-op
     same(hist, base)
 
 
@@ -314,5 +317,11 @@ def test_redo_is_per_session(hist):
     plan = plan_rewind(hist.fd, hist.store, hist.ws, f"e{e1}")
     apply_plan(hist.fd, hist.store, hist.ws, plan, session="other")
     assert not os.path.exists(hist.p(b"f"))
-    redo(hist, session="child")          # undoes the child's rewind, not the newest
-    assert open(hist.p(b"f"), "rb").read() == b"two"
+    with pytest.raises(RedoStale) as refused:   # "other" changed the tree since
+        redo(hist, session="child")
+    assert refused.value.details["changes"][0]["session"] == "other"
+    assert not os.path.exists(hist.p(b"f"))
+    apply_plan(hist.fd, hist.store, hist.ws,        # forced: undoes the child's rewind,
+               plan_redo(hist.fd, hist.store, hist.ws, session="child", force=True),
+               session="child")
+    assert open(hist.p(b"f"), "rb").read() == b"two"   # not the newest one

@@ -6,7 +6,8 @@ import os
 
 import pytest
 
-from rewindfs.store import AmbiguousPoint, PreImage, SessionConflict, Store, UnknownPoint
+from rewindfs.store import (AmbiguousPoint, NothingToRedo, PreImage, SessionConflict, Store,
+                            StoreError, UnknownPoint)
 from store_fixtures import store, store_path, ws  # noqa: F401  (fixtures)
 
 
@@ -60,36 +61,64 @@ def test_counts(store, ws):
     assert dict(store.journal(ws, e.id))[b"a"].kind == "file"   # the first one wins
 
 
-def test_rewind_epochs_and_newest_rewind(store, ws):
+def test_rewind_epochs_and_the_redo_stack(store, ws):
     t1 = store.begin_turn(ws, "s1", 1, "")
     store.end_turn(ws)
-    assert store.newest_rewind(ws) is None
+    with pytest.raises(NothingToRedo):
+        store.redo_target(ws, None)
     r = store.begin_rewind(ws, t1.id, "s1")
     assert (r.kind, r.target, r.session) == ("rewind", t1.id, "s1")
     idle = store.end_rewind(ws)
     assert idle.kind == "idle" and store.epoch(r.id).ended_ns is not None
-    assert store.newest_rewind(ws) == store.epoch(r.id)
-    assert store.newest_rewind(ws, "s1").id == r.id
-    assert store.newest_rewind(ws, "other") is None
+    assert store.redo_target(ws, "s1") == (store.epoch(r.id), [])
+    with pytest.raises(NothingToRedo):       # a rewind of s1 is not the manual owner's
+        store.redo_target(ws, None)
+    with pytest.raises(NothingToRedo):
+        store.redo_target(ws, "other")
+    d = store.begin_rewind(ws, r.id, "s1", kind="redo")
+    assert (d.kind, d.target) == ("redo", r.id)
+    store.end_rewind(ws)
+    with pytest.raises(NothingToRedo):       # popped
+        store.redo_target(ws, "s1")
     with pytest.raises(UnknownPoint):
         store.begin_rewind(ws, 999, None)
+    with pytest.raises(StoreError):          # a redo names the rewind it undoes
+        store.begin_rewind(ws, t1.id, None, kind="redo")
 
 
 def test_resolve_point(store, ws):
+    store.end_turn(ws)                         # epoch ids and turn numbers differ
+    store.end_turn(ws)
     t1 = store.begin_turn(ws, "s1", 1, "")
     t2 = store.begin_turn(ws, "s1", 2, "")
-    assert store.resolve_point(ws, t1.id) == t1.id
-    assert store.resolve_point(ws, str(t1.id)) == t1.id
+    assert t1.id != 1 and t2.id != 2
+    assert store.resolve_point(ws, 1) == t1.id          # a bare number is a turn …
+    assert store.resolve_point(ws, "2") == t2.id        # … of the only session
     assert store.resolve_point(ws, f"e{t2.id}") == t2.id
+    assert store.resolve_point(ws, f"epoch:{t1.id}") == t1.id
     assert store.resolve_point(ws, "t2") == t2.id
     assert store.resolve_point(ws, "turn:1") == t1.id
     assert store.resolve_point(ws, 2, session="s1") == t2.id
     assert store.resolve_point(ws, "1", session="s1") == t1.id
+    with pytest.raises(UnknownPoint):
+        store.resolve_point(ws, str(t2.id + 5))            # never an epoch
     store.end_turn(ws)
     store.begin_turn(ws, "s2", 1, "")
-    with pytest.raises(AmbiguousPoint):
-        store.resolve_point(ws, "t1")
+    for ambiguous in ("t1", "1", 1, "2"):    # several sessions: a turn needs one named
+        with pytest.raises(AmbiguousPoint) as refused:
+            store.resolve_point(ws, ambiguous)
+        assert "s1 (turns 1–2), s2 (turn 1)" in refused.value.message
+        assert refused.value.to_dict()["data"]["choices"] == [
+            {"session": "s1", "turns": [1, 2]}, {"session": "s2", "turns": [1, 1]}]
     assert store.resolve_point(ws, "t1", session="s1") == t1.id
+
+
+def test_a_turn_without_any_session_is_unknown_and_says_how_to_name_an_epoch(store, ws):
+    store.end_turn(ws)
+    with pytest.raises(UnknownPoint) as refused:
+        store.resolve_point(ws, "1")
+    assert not isinstance(refused.value, AmbiguousPoint)
+    assert "write e1 for epoch 1" in refused.value.message
 
 
 def test_fork_inherits_points_up_to_the_boundary(store, ws):

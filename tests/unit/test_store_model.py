@@ -227,8 +227,9 @@ def test_rewinds_and_redos_stack(data):
         w = World(store, store.workspace(tmp.encode() + b"/ws"))
         run_history(data.draw, w)
         for _ in range(data.draw(st.integers(1, 4))):
-            if data.draw(st.booleans()) and store.newest_rewind(w.ws):
-                target = store.newest_rewind(w.ws).id          # redo
+            stack = store.redo_stacks(w.ws).get("s1")
+            if data.draw(st.booleans()) and stack:
+                target = stack[-1].id          # back to where the newest rewind left
             else:
                 target = data.draw(st.sampled_from(sorted(w.at)))
             expected = dict(w.at[target])
