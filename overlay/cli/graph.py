@@ -16,6 +16,9 @@ description is cut with ``…`` (session names and labels escaped first, ``rende
 Idle epochs that changed nothing (every turn end opens one) are folded away unless
 ``all_nodes``: a child of such an epoch is drawn under the epoch's own parent, which
 is the same state.  Never folded: the current epoch, a rewind's or redo's target.
+Epochs that started from the root (the first one, and those after a rewind to it) all
+hang under one drawn ``◆ root`` row when there are several, so the drawing stays one
+tree and a new tip never seems to continue a branch that ended.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ __all__ = ["NODE", "fold_quiet_idle", "layout", "render_tree"]
 
 NODE = "*"                  # the node's place in a ``layout`` row (the glyph goes there)
 _GLYPH = {"rewind": "↺", "redo": "↻"}
+_ROOT = 0                   # the drawn root (epoch ids start at 1), when several hang there
 _STYLE = {"idle": "dim", "rewind": "magenta", "redo": "cyan"}
 
 
@@ -152,12 +156,21 @@ def render_tree(out, nodes: list[dict], *, all_nodes: bool = False) -> None:
     kept, parent_of = (nodes, {n["epoch"]: n["parent"] for n in nodes}) if all_nodes \
         else fold_quiet_idle(nodes)
     order = sorted((n["epoch"] for n in kept), reverse=True)
+    roots = [nid for nid in order if parent_of[nid] is None]
+    if len(roots) > 1:      # e.g. a rewind to the very first point: one tree, one root
+        order.append(_ROOT)
+        parent_of.update((nid, _ROOT) for nid in roots)
     width = out.console.width
     id_width = max(len(f"e{nid}") for nid in order)
     for nid, graph in layout(order, parent_of):
         text = Text(no_wrap=True, overflow="crop")
         if nid is None:
             text.append(graph[:width])
+        elif nid == _ROOT:
+            lead, _, rest = graph.partition(NODE)
+            text.append(f"{lead}◆{rest} ")
+            text.append(truncate(f"root  the state before e{min(by_id)} (point e{min(by_id)})",
+                                 width - cell_len(lead + rest) - 2), style="dim")
         else:
             _node_row(text, by_id[nid], graph, id_width, width, by_id)
         out.console.print(text, soft_wrap=False, crop=True)

@@ -370,3 +370,18 @@ def test_history_params_are_checked(store, ws, params, error):
         history_sync(_Host(store, ws), params)
     assert exc.value.code in ("bad-params", "bad-session")
     assert history_sync(_Host(store, ws), {})["nodes"][0]["turn"] == 1
+
+
+def test_a_rewind_to_the_first_point_draws_one_root(cli):
+    t1, t2, t3 = three_turns(cli)
+    assert cli.run("rewind", f"e{t1}")[0] == 0
+    t4 = new_turn(cli, 4, "from scratch")
+    nodes = {n["epoch"]: n for n in cli.nodes()}
+    roots = sorted(e for e, n in nodes.items() if n["parent"] is None)
+    assert roots[0] == t1 and len(roots) == 2      # t1, and the idle the rewind left
+    code, out, err = cli.run("log", "--tree")
+    assert code == 0, err
+    rows = out.splitlines()
+    assert rows[-1].startswith("◆ root") and f"point e{t1}" in rows[-1]
+    assert rows[-2] == "├─╯" and f"e{t1} " in rows[-3] and rows[-3].startswith("│ ○")
+    assert rows[0].startswith("@") and any(f"e{t4} " in r and r.startswith("○ ") for r in rows)
