@@ -153,13 +153,7 @@ def render_tree(out, nodes: list[dict], *, all_nodes: bool = False) -> None:
         out.say("no history yet")
         return
     by_id = {n["epoch"]: n for n in nodes}
-    kept, parent_of = (nodes, {n["epoch"]: n["parent"] for n in nodes}) if all_nodes \
-        else fold_quiet_idle(nodes)
-    order = sorted((n["epoch"] for n in kept), reverse=True)
-    roots = [nid for nid in order if parent_of[nid] is None]
-    if len(roots) > 1:      # e.g. a rewind to the very first point: one tree, one root
-        order.append(_ROOT)
-        parent_of.update((nid, _ROOT) for nid in roots)
+    order, parent_of = _drawn(nodes, all_nodes)
     width = out.console.width
     id_width = max(len(f"e{nid}") for nid in order)
     for nid, graph in layout(order, parent_of):
@@ -167,13 +161,30 @@ def render_tree(out, nodes: list[dict], *, all_nodes: bool = False) -> None:
         if nid is None:
             text.append(graph[:width])
         elif nid == _ROOT:
-            lead, _, rest = graph.partition(NODE)
-            text.append(f"{lead}◆{rest} ")
-            text.append(truncate(f"root  the state before e{min(by_id)} (point e{min(by_id)})",
-                                 width - cell_len(lead + rest) - 2), style="dim")
+            _root_row(text, graph, min(by_id), width)
         else:
             _node_row(text, by_id[nid], graph, id_width, width, by_id)
         out.console.print(text, soft_wrap=False, crop=True)
+
+
+def _drawn(nodes: list[dict], all_nodes: bool) -> tuple[list[int], dict]:
+    """The ids to draw, newest first, and each one's drawn parent (``_ROOT`` added
+    under the roots when there are several: one tree, one root)."""
+    kept, parent_of = (nodes, {n["epoch"]: n["parent"] for n in nodes}) if all_nodes \
+        else fold_quiet_idle(nodes)
+    order = sorted((n["epoch"] for n in kept), reverse=True)
+    roots = [nid for nid in order if parent_of[nid] is None]
+    if len(roots) > 1:      # e.g. a rewind to the very first point
+        order.append(_ROOT)
+        parent_of.update((nid, _ROOT) for nid in roots)
+    return order, parent_of
+
+
+def _root_row(text: Text, graph: str, first: int, width: int) -> None:
+    lead, _, rest = graph.partition(NODE)
+    text.append(f"{lead}◆{rest} ")
+    text.append(truncate(f"root  the state before e{first} (point e{first})",
+                         width - cell_len(lead + rest) - 2), style="dim")
 
 
 def _node_row(text: Text, node: dict, graph: str, id_width: int, width: int, by_id) -> None:
