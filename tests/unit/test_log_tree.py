@@ -189,6 +189,7 @@ def test_a_parent_not_drawn_below_ends_the_lane():
 
 ESC_LABEL = "fix \x1b]0;pwned\x07 the \x1b[2J build"
 LONG_LABEL = "refactor the parser so that every error names its line " * 4
+WIDE_LABEL = "解析器のエラーに行番号を付ける" * 6     # two cells a character
 
 
 class Cli:
@@ -308,20 +309,20 @@ def test_cli_tree_fits_80_columns_and_escapes_labels(cli):
         ws = store.workspace(bytes(cli.root))
         store.fork_session("\x1b[31mred", "s1", 2)
         store.begin_rewind(ws, ids[1], "\x1b[31mred")
-        store.begin_turn(ws, "\x1b[31mred", 3, LONG_LABEL)
+        store.begin_turn(ws, "\x1b[31mred", 3, WIDE_LABEL)
     code, out, err = cli.run("log", "--tree", "--all")
     assert code == 0, err
     rows = out.splitlines()
     assert all(cell_len(r) <= 80 for r in rows), "\n".join(rows)
     assert "\x1b" not in out and "\x07" not in out
     assert "\\x1b]0;pwned\\x07" in out and "\\x1b[31mred" in out
-    long_rows = [r for r in rows if "refactor" in r]
+    long_rows = [r for r in rows if "refactor" in r or "解析" in r]
     assert len(long_rows) == 2 and all("…" in r for r in long_rows)
     assert all(r.rstrip().endswith(tuple("0123456789")) for r in long_rows)  # time kept
     assert "fork of s1 at t2" in out
     # --json keeps the text whole
     labels = [n["label"] for n in cli.nodes()]
-    assert ESC_LABEL in labels and LONG_LABEL in labels
+    assert ESC_LABEL in labels and LONG_LABEL in labels and WIDE_LABEL in labels
 
 
 def test_cli_tree_with_session_marks_its_nodes(cli):
