@@ -24,7 +24,7 @@ import threading
 
 import xxhash
 
-from . import _epoch, _history, _intent, _journal, _plan, _point, _session, _txn
+from . import _epoch, _history, _intent, _journal, _plan, _point, _session, _tree, _txn
 from . import _schema as S
 from ._blob import BlobArea
 from ._errors import NothingToRedo, StoreError
@@ -245,6 +245,12 @@ class Store:
     def epochs(self, ws) -> list[_epoch.Epoch]:
         with self._r() as txn:
             return _epoch.all_of(txn, self._db, ws)
+
+    def history(self, ws) -> list[_tree.Node]:
+        """The workspace's state tree (``_tree``: each epoch under the state it started
+        from), in id order; one read transaction."""
+        with self._r() as txn:
+            return _tree.history(txn, self._db, ws)
 
     def points(self, ws, session: str | None = None) -> list[_epoch.Epoch]:
         """The epochs a user can rewind to: all of the workspace's, or those of

@@ -40,7 +40,20 @@ def escape(text: str, *, keep_tabs: bool = False, markup: bool = True) -> str:
     return _markup_escape(shown) if markup else shown
 
 
-def _when(ns) -> str:
+def truncate(text: str, width: int) -> str:
+    """*text* in at most *width* terminal cells (wide characters count two), cut with
+    ``…`` when it does not fit.  Escape first (``escape``): a cut never splits ``\\x1b``
+    into something a terminal would act on, because escaped text has no control
+    characters left."""
+    from rich.cells import cell_len, set_cell_size
+    if cell_len(text) <= width:
+        return text
+    if width <= 0:
+        return ""
+    return set_cell_size(text, width - 1).rstrip(" ") + "…"
+
+
+def when(ns) -> str:
     if not ns:
         return ""
     # Month-day and minute tell a person's turns apart and leave the label room in 80
@@ -107,7 +120,7 @@ def render_log(out, points: list[dict], *, mounted: bool) -> None:
             p["kind"], "")
         rows.append(([f"e{p['epoch']}", p["kind"], escape(p.get("session") or "", markup=False),
                       str(p["turn"]) if p.get("turn") is not None else "",
-                      escape(label, markup=False), _when(p.get("started_ns")),
+                      escape(label, markup=False), when(p.get("started_ns")),
                       str(p.get("paths", 0)), human_bytes(p.get("bytes", 0))], style))
     widths = _log_widths([r for r, _ in rows], out.console.width)
     table = Table(title=None, show_edge=False, header_style="bold", pad_edge=False)

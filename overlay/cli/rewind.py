@@ -34,10 +34,11 @@ from rewindfs.store import Store
 from rewindfs.store._errors import PathEscape, RewindfsError
 
 from rewindfs.overlay import errors
-from rewindfs.overlay.cli import options
+from rewindfs.overlay.cli import graph, options
 from rewindfs.overlay.cli import render as V
 from rewindfs.overlay.cli.mount import find_daemon
 from rewindfs.overlay.control import client
+from rewindfs.overlay.control.history import history_sync
 from rewindfs.overlay.control.rewind_methods import call_local, gc_sync
 from rewindfs.overlay.errors import Interrupted, NotAWorkspace, NotMounted, StaleMount
 from rewindfs.overlay.places import find_rewindfs_mount, is_inside, resolve_store_path
@@ -60,6 +61,9 @@ class _Mounted:
     def points(self, session=None) -> list[dict]:
         return self.call("points", {"session": session} if session else {})["points"]
 
+    def history(self, session=None) -> list[dict]:
+        return self.call("history", {"session": session} if session else {})["nodes"]
+
 
 class _Offline:
     """A ``control.host.RewindHost`` with no mount (``live`` None): the methods run here."""
@@ -75,6 +79,9 @@ class _Offline:
 
     def points(self, session=None) -> list[dict]:
         return [e.as_point() for e in self.store.points(self.ws, session)]
+
+    def history(self, session=None) -> list[dict]:
+        return history_sync(self, {"session": session} if session else {})["nodes"]
 
 
 def _alive(sock: bytes) -> bool:
@@ -163,8 +170,18 @@ def _rel_paths(args, root: bytes) -> list[str] | None:
 # -- commands -------------------------------------------------------------------------
 
 def cmd_log(args, out) -> int:
+    if args.all and not args.tree:
+        raise errors.UsageError("--all goes with --tree (the plain log lists every epoch)")
     with open_workspace(args, out) as ws:
-        V.render_log(out, ws.points(args.session), mounted=ws.mounted)
+        if not args.tree:
+            V.render_log(out, ws.points(args.session), mounted=ws.mounted)
+            return 0
+        nodes = ws.history(args.session)
+    if out.json:      # oldest first: a parent before its children
+        for node in nodes:
+            out.emit("log.node", **node)
+    else:
+        graph.render_tree(out, nodes, all_nodes=args.all)
     return 0
 
 
@@ -447,7 +464,15 @@ def register(sub) -> None:
     p.add_argument("dir", nargs="?", metavar="DIR",
                    help="the workspace, as with -C (default: the current directory)")
     p.add_argument("--session", metavar="S",
-                   help="only the points of this session (with inherited ones)")
+                   help="only the points of this session (with inherited ones); with "
+                        "--tree the whole tree, the other sessions' nodes dimmed "
+                        "(--json: in_session on every node)")
+    p.add_argument("--tree", action="store_true",
+                   help="the history as a tree of states, newest first: @ now, ○ turn or "
+                        "idle, ↺ rewind, ↻ redo; every eN is a POINT (--json: one "
+                        "log.node record per epoch with its parent, oldest first)")
+    p.add_argument("--all", action="store_true",
+                   help="with --tree: also the idle epochs that changed nothing")
     options.workspace(p)
     p.set_defaults(command="log")
 

@@ -5,8 +5,8 @@ A handler is ``async def h(ctx: DaemonHost, params: dict, emit) -> dict``; ``emi
 sends one progress line per event (several in one write).  Handlers raise
 ``RewindfsError`` subclasses for refusals; ``dispatch`` turns them into error lines, and
 any other exception into an ``internal`` error line, so a bug costs one request, never
-the daemon.  ``TABLE`` holds the turn marks, status, points, fork and unmount here, and
-the restore engine's methods from ``rewind_methods``.
+the daemon.  ``TABLE`` holds the turn marks, status, points, fork and unmount here, the
+restore engine's methods from ``rewind_methods`` and ``history`` (the state tree).
 
 Turn marks and rewinds take ``ctx.mutation_lock``: a turn mark during a rewind would
 close the rewind's epoch under it.
@@ -22,6 +22,7 @@ import trio
 
 from rewindfs.store._errors import InternalError, RewindfsError
 
+from rewindfs.overlay.control import history
 from rewindfs.overlay.control.host import DaemonHost
 from rewindfs.overlay.control.rewind_methods import METHODS
 from rewindfs.overlay.control.wire import (VERSION, check_text, opt_str, parse_request,
@@ -128,6 +129,7 @@ TABLE = {
     "unmount": unmount,
 }
 TABLE.update(METHODS)
+TABLE.update(history.METHODS)
 
 
 

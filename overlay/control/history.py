@@ -1,0 +1,46 @@
+"""The ``history`` method: the workspace's state tree (``store._tree``), for
+``rewindfs log --tree``.
+
+    → {"method": "history", "params": {"session"?: S}}
+    ← {"nodes": [{...epoch point fields, "parent", "children", "current", "fork"}, ...]}
+
+Nodes come oldest first (a parent before its children).  With ``session`` every node
+also says ``in_session``: one of that session's points (its turns and the inherited
+ones, ``Store.points``) or a rewind/redo it owns; a session with none of them in this
+workspace is refused (``bad-session``).  Read-only: one read transaction, no lock (a
+running rewind does not hold it up; its epoch is simply the newest node).  The CLI on an
+unmounted workspace calls ``history_sync`` on its offline host.
+"""
+
+from __future__ import annotations
+
+import trio
+
+from rewindfs.store._session import BadSession
+
+from rewindfs.overlay.control.host import RewindHost
+from rewindfs.overlay.control.wire import opt_str
+
+__all__ = ["METHODS", "history_sync"]
+
+
+def history_sync(ctx: RewindHost, params: dict) -> dict:
+    session = opt_str(params, "session", "history")     # bad-params before any read
+    nodes = [n.as_dict() for n in ctx.store.history(ctx.ws)]
+    if session is not None:
+        mine = {e.id for e in ctx.store.points(ctx.ws, session)}
+        mine |= {n["epoch"] for n in nodes if n["session"] == session}
+        if not mine:
+            raise BadSession(session=session, reason="it has no turn, rewind or redo "
+                                                     "in this workspace")
+        for n in nodes:
+            n["in_session"] = n["epoch"] in mine
+    return {"nodes": nodes}
+
+
+async def history(ctx: RewindHost, params: dict, emit) -> dict:
+    # a long history is a few ms of decoding: off the trio thread, like the rewind reads
+    return await trio.to_thread.run_sync(history_sync, ctx, params)
+
+
+METHODS = {"history": history}
