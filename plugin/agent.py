@@ -138,12 +138,14 @@ class Rewindfs:
         """Restore the workspace to the start of *turn* of *session* (or to *epoch*).
 
         The daemon resolves the turn within the session's points (its fork ancestry
-        included); an unknown turn is refused there with ``unknown-point``."""
+        included); an unknown turn is refused there with ``unknown-point``.  Without
+        *session*, *turn* is the workspace's only session's (several sessions:
+        ``ambiguous-point``, ``details["data"]["choices"]`` lists them).  The rewind's
+        owner is *undo_for*, else *session*, else the manual owner: ``redo()`` with the
+        same *session* undoes it."""
         if (turn is None) == (epoch is None):
-            raise TypeError("rewind() needs exactly one of turn= (with session=) or epoch=")
+            raise TypeError("rewind() needs exactly one of turn= or epoch=")
         if turn is not None:
-            if session is None:
-                raise TypeError("rewind(turn) needs session=")
             _check_turn(turn)
             to = f"t{turn}"
         else:
@@ -152,7 +154,11 @@ class Rewindfs:
                                       undo_for=undo_for, force=force, on_event=on_event)
 
     def redo(self, *, session: str | None = None, force=False, on_event=None) -> RewindResult:
-        """Undo the newest rewind (of *session*, if given)."""
+        """Undo the newest rewind of owner *session* (None: those made without one) not
+        yet undone — a stack: the next ``redo()`` undoes the one below it, and an empty
+        stack raises ``nothing-to-redo``.  Refused with ``redo-stale`` when the tree
+        changed after that rewind (``details["data"]`` names the changes), unless
+        *force*."""
         return self._require().redo(session, force=force, on_event=on_event)
 
 

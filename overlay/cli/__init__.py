@@ -87,7 +87,7 @@ class Output:
 
     def error(self, exc: RewindfsError) -> None:
         if self.json:
-            self.emit("error", code=exc.code, message=exc.message, exit_code=exc.exit_code)
+            self.emit("error", **exc.to_dict(), exit_code=exc.exit_code)
         else:
             from rich.console import Console
             Console(stderr=True, highlight=False).print(

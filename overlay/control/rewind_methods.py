@@ -76,8 +76,8 @@ def _run_rewind(ctx: RewindHost, make_plan, *, dry_run: bool, session, force: bo
         engine.recover(ctx.root_fd, ctx.store, ctx.ws,
                          **_hooks(ctx), fence=ctx.live)
     plan = make_plan()
-    summary = {**plan_dict(plan, with_changes=dry_run),   # built once: event and reply
-               **_named(ctx, plan, point, session)}
+    named = _named(ctx, plan, point, session)
+    summary = {**plan_dict(plan, with_changes=dry_run), **named}  # once: event and reply
     send({"type": "rewind.planned", "dry_run": dry_run, **summary})
     if dry_run:
         return {"dry_run": True, "epoch": None, **summary}
@@ -85,10 +85,9 @@ def _run_rewind(ctx: RewindHost, make_plan, *, dry_run: bool, session, force: bo
         ctx.root_fd, ctx.store, ctx.ws, plan, session=session, force=force,
         progress=lambda ev: send(events_of(ev)), **_hooks(ctx),
         writers=_writers(ctx), fence=ctx.live)
-    done = {**result.to_dict(), "exit_code": result.exit_code}
+    done = {**result.to_dict(), "exit_code": result.exit_code, **named}
     send({"type": "rewind.done", **done, "failed": len(result.failed)})
-    return {**done, "foreign": summary["foreign"],
-            **{k: summary[k] for k in ("point", "owner", "undid", "target_point")}}
+    return {**done, "foreign": summary["foreign"]}
 
 
 def _named(ctx: RewindHost, plan: engine.RewindPlan, point, session) -> dict:

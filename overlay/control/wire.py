@@ -170,10 +170,12 @@ def error_from_dict(err: dict) -> RewindfsError:
     """Rebuild the error class named by a protocol error's ``code`` (for exit codes)."""
     code = err.get("code") if isinstance(err, dict) else None
     message = err.get("message", "") if isinstance(err, dict) else str(err)
+    data = err.get("data") if isinstance(err, dict) else None
+    data = {k: v for k, v in data.items() if isinstance(k, str)} if isinstance(data, dict) else {}
     for cls in all_error_classes():
         if cls.code == code:
             exc = cls.__new__(cls)
-            RewindfsError.__init__(exc, message)
+            RewindfsError.__init__(exc, message, **data)   # ``data`` stays for --json
             return exc
     exc = RewindfsError(message)
     exc.code = code or "error"

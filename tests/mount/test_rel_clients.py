@@ -125,7 +125,7 @@ def test_ctrl_c_in_a_terminal_mid_rewind_and_mid_redo(tmp_path):
         _mount_works(m, 2)
     env, pause = _pause_env(tmp_path, "redo")
     with mounted(ws, store, env=env) as m:      # the pause hook fires once per daemon
-        term = _ctrl_c_while_paused(m, pause, "redo")
+        term = _ctrl_c_while_paused(m, pause, "redo", "--force")   # the probe turn came after
         assert term.status == 130, term.text()[-3000:]
         last = term.last_line()
         assert "the redo goes on in the daemon" in last, last

@@ -275,9 +275,16 @@ def test_cli_tree_after_a_real_rewind_and_redo(cli):
     code, full, _ = cli.run("log", "--tree", "--all")
     assert code == 0 and len(full.splitlines()) > len(rows) and "idle" in full
 
-    # redo (real, offline): back to the old branch; the next epoch hangs under t3's tip
-    assert cli.run("redo")[0] == 0
+    # redo (real, offline): turn 4 changed the tree since the rewind, so a plain redo is
+    # refused as stale; forced, it goes back to the old branch and the next epoch hangs
+    # under t3's tip
+    code, _out, err = cli.run("redo")
+    assert code == 2 and "turn 4 of s1" in err, err
+    assert cli.run("redo", "--force")[0] == 0
     assert (cli.root / "a.txt").read_text() == "3\n"
+    (rd,) = [n for n in cli.nodes() if n["kind"] == "redo"]
+    assert rd["target"] == rw["epoch"] and rd["session"] is None
+    assert f"redo of e{rw['epoch']}" in cli.run("log", "--tree")[1]
     t5 = new_turn(cli, 5, "back on the old branch")
     nodes = cli.nodes()
     parents = {n["epoch"]: n["parent"] for n in nodes}
