@@ -73,7 +73,7 @@ def _ctrl_c_while_paused(m, pause: Path, *args) -> Terminal:
                     cwd=m.ws.parent)
     try:
         _wait_until(pause.exists, "the landing to pause")
-        term.wait_for("rewinding to")      # the client is streaming
+        term.wait_for(" written, ")        # the plan is shown: the client is streaming
         term.ctrl_c()
         term.status = term.wait()
         # what the last line promises: status shows the rewind still running
