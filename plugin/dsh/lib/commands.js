@@ -119,7 +119,14 @@ export function renderStatus(v) {
   ];
   if ((v.unprotected ?? []).length > 0) lines.push(`rewindfs: turns that ran unprotected in this session: ${v.unprotected.join(', ')}`);
   if ((v.outside ?? []).length > 0) lines.push(`rewindfs: writes outside the workspace (not protected): ${v.outside.join(', ')}`);
+  for (const w of v.late_writes ?? []) lines.push(renderLateWrite(w));
   return lines.join('\n');
+}
+
+/** One late write (the daemon's `status.late_writes`): a removed turn's process wrote after the rewind. */
+export function renderLateWrite(w) {
+  const child = w.by !== undefined && w.by !== w.pid ? `, child of pid ${w.by}` : '';
+  return `rewindfs: late write: pid ${w.pid} (${w.comm}${child}) changed ${w.path} after a rewind removed turn ${w.turn ?? '?'} of session ${w.session ?? '?'}, which started it`;
 }
 
 /** A refusal as command text (a stale redo also names what changed since the rewind). */

@@ -9,7 +9,7 @@ import { existsSync, mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { test } from 'node:test';
-import { renderRedo, renderRefusal, renderStopped } from '../lib/commands.js';
+import { renderRedo, renderRefusal, renderStatus, renderStopped } from '../lib/commands.js';
 import { groupAlive, jobsOfTurns, parseTag, processesOfSession, stopWorkOfTurns, turnTag } from '../lib/jobs.js';
 
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
@@ -143,4 +143,16 @@ test('a stale redo names the turns that ran since the rewind', () => {
     'rewindfs: those changes stay; a redo would overwrite 2 paths — rewind to a point instead (see /rewind)',
   ]);
   assert.equal(renderRefusal({ code: 'busy', message: 'x' }, '/redo'), 'rewindfs: /redo refused (busy): x');
+});
+
+test('/rewind status names the late writes the daemon saw', () => {
+  const text = renderStatus({
+    workspace: '/w', pid: 7, store: '/s', epoch: 9, socket: '/sock',
+    late_writes: [{ pid: 42, comm: 'sh', by: 42, path: 'late.txt', session: 's1', turn: 2, epoch: 4, how: 'start-time' },
+      { pid: 43, comm: 'cp', by: 40, path: 'b', session: 's1', turn: 2, epoch: 4, how: 'tag' }],
+  });
+  assert.deepEqual(text.split('\n').slice(2), [
+    'rewindfs: late write: pid 42 (sh) changed late.txt after a rewind removed turn 2 of session s1, which started it',
+    'rewindfs: late write: pid 43 (cp, child of pid 40) changed b after a rewind removed turn 2 of session s1, which started it',
+  ]);
 });
