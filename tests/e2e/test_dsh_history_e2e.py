@@ -132,3 +132,33 @@ def test_redo_after_the_child_ran_a_turn_is_refused_as_stale(tmp_path):
         assert any(line.startswith("rewindfs: since the rewind") and
                    f"turn 2 ran in session s-c: {P3}" in line for line in lines), lines
         assert lines[-1].startswith("rewindfs: those changes stay; a redo would overwrite "), lines
+
+
+def test_a_writer_that_cannot_be_told_apart_refuses_the_rewind(tmp_path):
+    """A process of the session that dropped its turn tag and started after turn 2
+    began may be turn 2's writer: /rewind 2 refuses (nothing restored, no fork kept)."""
+    paths = harness()
+    ws, store = tmp_path / "ws", tmp_path / "store"
+    ws.mkdir()
+    stray = (f"(env -u DSH_REWINDFS_TURN sh -c 'echo $$ > {tmp_path}/stray.pid; "
+             f"while :; do sleep 0.1; done') >/dev/null 2>&1 &")
+    script = {"title": "rewindfs stray", "turns": {
+        P1: [{"tool_calls": [bash("echo one > one.txt")]}, {"content": "one"}],
+        P2: [{"tool_calls": [bash("echo two > two.txt"), bash(stray)]}, {"content": "two"}],
+    }}
+    with MockModel(script, tmp_path) as model, mounted(ws, store):
+        dsh = Dsh(paths, tmp_path, model, store)
+        dsh.install_plugin(cwd=tmp_path)
+        recs, _ = dsh.run(ws, new_session="s-stray", steps=[
+            {"prompt": P1}, {"prompt": P2}, {"command": "/rewind 2 --into s-stray-child"},
+            {"alive": str(tmp_path / "stray.pid")}])
+        refused = one(recs, kind="command")
+        pid = one(recs, kind="alive")["pid"]
+        assert refused["result"] == "error", refused["text"]
+        assert refused["text"] == (
+            f"rewindfs: /rewind 2 refused (job-unstoppable): process {pid} (sh) of session "
+            "s-stray started after turn 2 began and carries no turn tag; stop it, then rewind; "
+            "the files were not rewound")
+        assert (ws / "two.txt").read_text() == "two\n"
+        assert one(recs, kind="alive")["alive"] is True
+        assert not list((tmp_path / "dsh-home" / "sessions").glob("*/s-stray-child"))

@@ -203,9 +203,10 @@ export class RewindfsService {
 
   /**
    * Rewind the workspace to the start of `turn` of `agent`'s session: fork the
-   * conversation at that turn's boundary into a child session first, tell the
-   * store the child's parent, then rewind the files with `undo_for` = the child
-   * (so `/redo` in the child undoes it).  Refused while the agent runs.
+   * conversation at that turn's boundary into a child session (after stopping what
+   * turns >= `turn` left running, `stopTurnWork`), tell the store the child's
+   * parent, then rewind the files with `undo_for` = the child (so `/redo` in the
+   * child undoes it).  Refused while the agent runs.
    * @param {object} agent - the live agent the command was typed in.
    * @param {number} turn - absolute turn number.
    * @param {{into?: string}} options - the child's session id (default: a fresh one).
@@ -237,6 +238,8 @@ export class RewindfsService {
     } catch (error) {
       return refuseWith(error);
     }
+    // Before the fork and the files: nothing of a removed turn may write into the
+    // restored tree, and a writer that cannot be stopped refuses with nothing forked.
     const work = await this.stopTurnWork(agent, turn);
     if (!work.ok) return work;
     let handle;
@@ -254,7 +257,7 @@ export class RewindfsService {
         agentOptions: agent.options,
       });
     } catch (error) {
-      return refuse('fork-failed', `could not fork session ${agent.id} at turn ${turn}: ${error.message}`);
+      return refuse('fork-failed', `could not fork session ${agent.id} at turn ${turn}: ${error.message}${stoppedNote(work.value.stopped)}`);
     }
     try {
       await this.rpc(cwd, 'fork', { child: childId, parent: agent.id, boundary_turn: turn });
@@ -264,7 +267,7 @@ export class RewindfsService {
       return ok({ ...result, turn, target: result.target ?? epoch, parent: agent.id, child: childId, seedLength: cut.cut, stopped: work.value.stopped });
     } catch (error) {
       await handle.dispose().catch(() => {});
-      return refuseWith(error, `${error.message} (the files were not rewound; the forked session ${childId} was discarded)`);
+      return refuseWith(error, `${error.message} (the files were not rewound; the forked session ${childId} was discarded)${stoppedNote(work.value.stopped)}`);
     }
   }
 
@@ -336,6 +339,11 @@ function withTimeout(promise, ms, message) {
     timer = setTimeout(() => reject(callError('timeout', message)), ms);
   });
   return Promise.race([promise, timeout]).finally(() => clearTimeout(timer));
+}
+
+/** For a refusal after the work of the removed turns was stopped: what was stopped. */
+function stoppedNote(stopped) {
+  return stopped.length === 0 ? '' : `; stopped before that: ${stopped.map((s) => s.job ?? `process group ${s.pgid}`).join(', ')}`;
 }
 
 /** The turn point for `turn`: the session's own first, else an inherited one. */
