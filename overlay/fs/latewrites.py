@@ -47,6 +47,7 @@ TURN_ENV = b"DSH_REWINDFS_TURN"
 MAX_DEPTH = 16           # ancestors looked at, writer included
 MAX_RECORDS = 200        # late writes kept for status (the first ones)
 MAX_VERDICTS = 4096      # (pid, starttime) verdicts cached
+MAX_SEEN = 65536         # (pid, path) late writes remembered, so each is logged once
 _HZ = os.sysconf("SC_CLK_TCK")
 
 
@@ -126,7 +127,8 @@ class LateWrites:
         verdict = self._verdict(pid)
         if verdict is None:
             return
-        self._seen.add((pid, path))
+        if len(self._seen) < MAX_SEEN:      # past that, a repeat may be logged again
+            self._seen.add((pid, path))
         if len(self.records) < MAX_RECORDS:
             self.records.append({**verdict, "pid": pid, "path": os.fsdecode(path),
                                  "time_ns": time.time_ns()})

@@ -26,7 +26,7 @@
  * by the tag and only the registry's jobs are stopped.
  * @module rewindfs-dsh/jobs
  */
-import { readdirSync, readFileSync } from 'node:fs';
+import { readdirSync, readFileSync, statSync } from 'node:fs';
 
 /** The environment variable that tags every model shell with its session and turn. */
 export const TURN_ENV = 'DSH_REWINDFS_TURN';
@@ -150,29 +150,40 @@ function pids(proc) {
   }
 }
 
-/** Wall-clock ms at which a process started (btime + start ticks / USER_HZ). */
-function startedMs(stat, proc) {
+/** The boot time (epoch ms, whole seconds) from /proc/stat, or undefined. */
+function bootMs(proc) {
   try {
-    const btime = Number(/^btime ([0-9]+)$/m.exec(readFileSync(`${proc}/stat`, 'utf8'))[1]);
-    return btime * 1000 + stat.startTicks * 10;   // USER_HZ is 100 on Linux
+    return Number(/^btime ([0-9]+)$/m.exec(readFileSync(`${proc}/stat`, 'utf8'))[1]) * 1000;
   } catch {
     return undefined;
+  }
+}
+
+/** Whether the process is ours: same uid as this one (a root harness: any). */
+function ours(pid, proc) {
+  if (process.getuid?.() === 0) return true;
+  try {
+    return statSync(`${proc}/${pid}`).uid === process.getuid?.();
+  } catch {
+    return false;
   }
 }
 
 /**
  * The live processes of `session` (its model shells and everything they started),
  * with the turn their tag names (undefined: untagged).  Zombies, this process and
- * its own process group are left out.
+ * its own process group are left out, and so is any process of another user (the
+ * variables are only a claim; a root harness trusts them, as it runs the shells).
  * @param {string} session - session id.
  * @param {{proc?: string}} options - the proc root.
  * @returns {{pid, pgid, turn, comm, command, startedMs}[]}
  */
 export function processesOfSession(session, { proc = '/proc' } = {}) {
   const own = readStat(process.pid, proc)?.pgid;
+  const boot = bootMs(proc);
   const found = [];
   for (const pid of pids(proc)) {
-    if (pid === process.pid) continue;
+    if (pid === process.pid || !ours(pid, proc)) continue;
     const env = readEnviron(pid, proc);
     if (env === undefined || env.get(SESSION_ENV) !== session) continue;
     const stat = readStat(pid, proc);
@@ -180,7 +191,8 @@ export function processesOfSession(session, { proc = '/proc' } = {}) {
     const tag = parseTag(env.get(TURN_ENV));
     found.push({
       pid, pgid: stat.pgid, turn: tag?.session === session ? tag.turn : undefined,
-      comm: stat.comm, command: cmdline(pid, proc), startedMs: startedMs(stat, proc),
+      // start ticks are USER_HZ (100 on Linux) since boot
+      comm: stat.comm, command: cmdline(pid, proc), startedMs: boot === undefined ? undefined : boot + stat.startTicks * 10,
     });
   }
   return found;
