@@ -351,10 +351,20 @@ def cmd_status(args, out) -> int:
         if res.get("bypass_writes"):
             out.warn(f"processes {res['bypass_writes']['pids']} work in the bare directory "
                      f'under the mount; their writes are not captured (cd "$PWD")')
+        for w in res.get("late_writes", []):
+            out.warn(late_write_text(w))
         if res.get("intent"):   # a live daemon finished any older one when it mounted
             out.say(f"  a rewind is running (epoch e{res['epoch']}); turn marks wait for it")
     _warn_all(out, res)
     return 0
+
+
+def late_write_text(w: dict) -> str:
+    """One late write (``status``'s ``late_writes``) for people."""
+    via = "" if w["by"] == w["pid"] else f", child of pid {w['by']}"
+    return (f"late write: pid {w['pid']} ({escape(w['comm'])}{via}) changed {escape(w['path'])} after a "
+            f"rewind removed turn {w['turn']} of session {w['session']} (e{w['epoch']}), "
+            f"which started it")
 
 
 def _say_usage(out, usage) -> None:

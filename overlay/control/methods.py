@@ -93,6 +93,9 @@ async def status(ctx: DaemonHost, params: dict, emit) -> dict:
         out["bypass_writes"] = {"possible": True, "pids": bypass,
                                 "hint": 'these processes work in the bare directory; '
                                         'they should re-enter it (cd "$PWD")'}
+    late = ctx.fs.late.report()
+    if late:   # writes by processes of turns a rewind removed (fs/latewrites.py)
+        out["late_writes"] = late
     intent = ctx.store.get_intent(ctx.ws)
     if intent:
         out["intent"] = True

@@ -5,6 +5,7 @@
                 fences)
 - ``inodes``    the inode table (FUSE inode ↔ real file, cached fds)
 - ``notify``    kernel cache invalidation, queued off the request path
+- ``latewrites`` writes by processes of turns a rewind removed (reported, not refused)
 - ``session``   the one seam between the kernel session and the handlers (today
                 pyfuse3's session and request loop); a second session layer plugs in here
 """

@@ -66,6 +66,7 @@ from rewindfs.overlay.capture import capture, rename_paths
 from rewindfs.overlay.tree.ignore import IGNORE_FILE, IgnoreRules
 from rewindfs.overlay.errors import BadIgnoreRules
 from rewindfs.overlay.fs.inodes import InodeTable, child
+from rewindfs.overlay.fs.latewrites import LateWrites
 from rewindfs.overlay.fs.notify import Notifier
 from rewindfs.overlay.tree.walk import open_parent, split
 from rewindfs.overlay.tree.meta import TMP_PREFIX
@@ -167,6 +168,9 @@ class RewindOperations(pyfuse3.Operations):
         self._as_root = os.geteuid() == 0
         self.notifier = Notifier()
         self.stats = {"captures": 0, "capture_errors": 0}
+        # Writers of turns a rewind removed (reported by status; latewrites.py).  The
+        # mutating handlers test ``late.armed`` and call nothing until a rewind arms it.
+        self.late = LateWrites()
         self.fenced: set[tuple[int, int]] = set()   # real inodes no one may open to write
         # The running rewind's fence (fence_rewind): its plan's paths, their ancestor
         # directories, and the inodes those paths named when it began.
@@ -185,8 +189,12 @@ class RewindOperations(pyfuse3.Operations):
             self._token = object()
 
     def epoch_changed(self) -> None:
-        """Reload the current epoch from the store (after a rewind or turn mark)."""
-        self.set_epoch(self.store.current_epoch(self.ws).id)
+        """Reload the current epoch from the store (after a rewind or turn mark); a
+        rewind or redo epoch arms the late-write watch with the turns it removes."""
+        epoch = self.store.current_epoch(self.ws)
+        self.set_epoch(epoch.id)
+        if epoch.kind in ("rewind", "redo"):
+            self.late.rewound(self.store.epochs(self.ws), epoch)
 
     def reload_rules(self) -> None:
         """Read ``.rewindignore`` again (it was written, renamed, removed or restored).
@@ -397,6 +405,8 @@ class RewindOperations(pyfuse3.Operations):
                       fields.update_gid, fields.update_atime, fields.update_mtime,
                       fields.update_ctime)
         if not self._time_push(node, attr, fields):
+            if self.late.armed and node.paths:
+                self.late.saw(ctx.pid, node.path)
             if self.busy:
                 self._refuse_busy_node(node)
             self._guard_node(node)
@@ -511,6 +521,8 @@ class RewindOperations(pyfuse3.Operations):
     @_handler
     def mknod(self, parent_inode, name, mode, rdev, ctx):
         path = self._new_name(parent_inode, name)
+        if self.late.armed:
+            self.late.saw(ctx.pid, path)
         self._guard([(path, False)])
         with self._parent(path) as (fd, n):
             os.mknod(n, mode, rdev, dir_fd=fd)
@@ -519,6 +531,8 @@ class RewindOperations(pyfuse3.Operations):
     @_handler
     def mkdir(self, parent_inode, name, mode, ctx):
         path = self._new_name(parent_inode, name)
+        if self.late.armed:
+            self.late.saw(ctx.pid, path)
         self._guard([(path, True)])
         with self._parent(path) as (fd, n):
             os.mkdir(n, stat.S_IMODE(mode), dir_fd=fd)
@@ -527,6 +541,8 @@ class RewindOperations(pyfuse3.Operations):
     @_handler
     def symlink(self, parent_inode, name, target, ctx):
         path = self._new_name(parent_inode, name)
+        if self.late.armed:
+            self.late.saw(ctx.pid, path)
         self._guard([(path, False)])
         with self._parent(path) as (fd, n):
             os.symlink(target, n, dir_fd=fd)
@@ -537,6 +553,8 @@ class RewindOperations(pyfuse3.Operations):
         node = self.table[inode]
         src = self._path(node)
         new = self._new_name(new_parent_inode, new_name)
+        if self.late.armed:
+            self.late.saw(ctx.pid, new)
         if self.busy:
             self._refuse_busy_node(node)
         self._guard([(new, False)])
@@ -554,6 +572,8 @@ class RewindOperations(pyfuse3.Operations):
     @_handler
     def unlink(self, parent_inode, name, ctx):
         path = self._new_path(parent_inode, name)
+        if self.late.armed:
+            self.late.saw(ctx.pid, path)
         if path in self.busy:
             raise FUSEError(errno.EBUSY)
         st = self._lstat(path)
@@ -568,6 +588,8 @@ class RewindOperations(pyfuse3.Operations):
     @_handler
     def rmdir(self, parent_inode, name, ctx):
         path = self._new_path(parent_inode, name)
+        if self.late.armed:
+            self.late.saw(ctx.pid, path)
         if self.busy:
             self._refuse_busy_tree(path)
         self._guard([(path, True)])
@@ -581,6 +603,8 @@ class RewindOperations(pyfuse3.Operations):
         if name_new.startswith(TMP_PREFIX):
             raise FUSEError(errno.EPERM)
         new = self._new_path(parent_new, name_new)
+        if self.late.armed:
+            self.late.saw(ctx.pid, new)
         if self.busy:   # a directory being landed into stays where it is
             self._refuse_busy_tree(old)
             self._refuse_busy_tree(new)
@@ -649,6 +673,8 @@ class RewindOperations(pyfuse3.Operations):
         node = self.table[inode]
         path = self._path(node)
         if flags & os.O_TRUNC or flags & os.O_ACCMODE != os.O_RDONLY:
+            if self.late.armed:
+                self.late.saw(ctx.pid, path)
             if self.fenced:
                 self._refuse_fenced(path)
             if self.busy:
@@ -666,6 +692,8 @@ class RewindOperations(pyfuse3.Operations):
     @_handler
     def create(self, parent_inode, name, mode, flags, ctx):
         path = self._new_name(parent_inode, name)
+        if self.late.armed:
+            self.late.saw(ctx.pid, path)
         if self.fenced:
             self._refuse_fenced(path)   # O_CREAT without O_EXCL opens an existing file
         # A name that exists after all (a stale negative dentry) is opened for writing:
@@ -821,6 +849,8 @@ class RewindOperations(pyfuse3.Operations):
     @_handler
     def setxattr(self, inode, name, value, ctx):
         node = self.table[inode]
+        if self.late.armed and node.paths:
+            self.late.saw(ctx.pid, node.path)
         if self.busy:
             self._refuse_busy_node(node)
         self._guard_node(node)
@@ -830,6 +860,8 @@ class RewindOperations(pyfuse3.Operations):
     @_handler
     def removexattr(self, inode, name, ctx):
         node = self.table[inode]
+        if self.late.armed and node.paths:
+            self.late.saw(ctx.pid, node.path)
         if self.busy:
             self._refuse_busy_node(node)
         self._guard_node(node)

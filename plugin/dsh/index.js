@@ -12,6 +12,8 @@
  * - `fs/write-intent` / `fs/edit-intent`, prepended because the built-in file policy
  *   takes the single slot and never calls `next()`: decide nothing, call `next()`,
  *   note writes outside the mount (shown by `/rewind status`);
+ * - a `ctx.shellEnv` contributor: every model shell carries `DSH_REWINDFS_TURN=<session>:<turn>`,
+ *   so `/rewind N` can stop what turns >= N left running (lib/jobs.js);
  * - commands `/rewind`, `/rewind <turn> [--into <session>]`, `/rewind status`, `/redo`;
  * - the service `ctx.rewindfs` (lib/service.js) for other plugins.
  *
@@ -66,6 +68,11 @@ export function apply(ctx, config) {
     });
     ctx.on('session/flush', (session) => service.drainSession(session.id));
   }
+  // Tag every model shell with its turn, so /rewind can find what a removed turn left
+  // running (lib/jobs.js).  Optional: without ctx.shellEnv only ctx.jobs is used.
+  ctx.inject(['shellEnv'], (sub) => {
+    sub.shellEnv.register(service.turnEnvContributor());
+  });
   for (const hook of ['fs/write-intent', 'fs/edit-intent']) {
     ctx.on(hook, (target, _actor, next) => {
       service.noteWrite(target);

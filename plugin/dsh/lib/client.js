@@ -158,7 +158,7 @@ function parseLine(text, id) {
   if (msg.event !== undefined) return { event: msg.event };
   if (msg.ok === true) return { result: msg.result && typeof msg.result === 'object' ? msg.result : {} };
   if (msg.ok === false && msg.error && typeof msg.error === 'object') {
-    return { error: new RewindfsCallError(codeOf(msg.error), String(msg.error.message ?? 'error')) };
+    return { error: new RewindfsCallError(codeOf(msg.error), String(msg.error.message ?? 'error'), msg.error.data) };
   }
   return { error: callError('bad-response', `neither result nor error: ${text.slice(0, 80)}`) };
 }

@@ -11,6 +11,7 @@
  * @module rewindfs-dsh/commands
  */
 import { refusal } from './errors.js';
+import { shortCommand } from './jobs.js';
 import { parseTurn } from './service.js';
 
 export const USAGE = 'usage: /rewind [<turn> [--into <session>] | status]';
@@ -62,13 +63,37 @@ export function renderRewind(v) {
     `rewindfs: conversation forked before turn ${v.turn}: continue in session ${v.child} (session ${v.parent} is unchanged).`,
     `rewindfs: /redo in session ${v.child} undoes this rewind.`,
   ];
-  return lines.concat(renderFailures(v)).join('\n');
+  return lines.concat(renderStopped(v.stopped ?? []), renderFailures(v)).join('\n');
+}
+
+/**
+ * What the rewind stopped before restoring: "stopped 1 background job started in
+ * turn 2: sleep 4; echo … (job bash-1)", one line per job when there are several.
+ * @param {{turn?: number, command: string, job?: string, pgid?: number}[]} stopped
+ */
+export function renderStopped(stopped) {
+  if (stopped.length === 0) return [];
+  const turns = [...new Set(stopped.map((s) => s.turn ?? '?'))].sort((a, b) => a - b);
+  const head = `rewindfs: stopped ${plural(stopped.length, 'background job')} started in ${plural(turns.length, 'turn').replace(/^\d+ /, '')} ${turns.join(', ')}`;
+  const lines = stopped.length === 1 ? [`${head}: ${describeJob(stopped[0])}`]
+    : [`${head}:`, ...stopped.map((s) => `  turn ${s.turn ?? '?'}: ${describeJob(s)}`)];
+  lines.push(`rewindfs: /redo restores files only; it cannot restart ${stopped.length === 1 ? 'that job' : 'those jobs'}.`);
+  return lines;
+}
+
+function describeJob(s) {
+  const command = shortCommand(String(s.command ?? '').replace(/^(?:\/\S*\/)?bash -c /, ''));
+  return `${command} (${s.job ? `job ${s.job}` : `process group ${s.pgid}`})`;
 }
 
 /** The reply to `/redo`. */
 export function renderRedo(v) {
-  return [`rewindfs: redo done in session ${v.session}: ${counts(v)} (point ${v.target}).`]
-    .concat(renderFailures(v)).join('\n');
+  const lines = [`rewindfs: redo done in session ${v.session}: ${counts(v)} (point ${v.target}).`];
+  const gone = v.notRestarted?.stopped ?? [];
+  if (gone.length > 0) {
+    lines.push(`rewindfs: not restarted: ${plural(gone.length, 'background job')} the rewind to turn ${v.notRestarted.turn} stopped (${gone.map(describeJob).join('; ')}); /redo restores files only.`);
+  }
+  return lines.concat(renderFailures(v)).join('\n');
 }
 
 /** "3 paths restored (1 re-created, 2 rewritten), 4 deleted" from a rewind result. */
@@ -94,10 +119,41 @@ export function renderStatus(v) {
   ];
   if ((v.unprotected ?? []).length > 0) lines.push(`rewindfs: turns that ran unprotected in this session: ${v.unprotected.join(', ')}`);
   if ((v.outside ?? []).length > 0) lines.push(`rewindfs: writes outside the workspace (not protected): ${v.outside.join(', ')}`);
+  for (const w of v.late_writes ?? []) lines.push(renderLateWrite(w));
   return lines.join('\n');
 }
 
-/** A refusal as command text. */
+/** One late write (the daemon's `status.late_writes`): a removed turn's process wrote after the rewind. */
+export function renderLateWrite(w) {
+  const child = w.by !== undefined && w.by !== w.pid ? `, child of pid ${w.by}` : '';
+  return `rewindfs: late write: pid ${w.pid} (${w.comm}${child}) changed ${w.path} after a rewind removed turn ${w.turn ?? '?'} of session ${w.session ?? '?'}, which started it`;
+}
+
+/** A refusal as command text (a stale redo also names what changed since the rewind). */
 export function renderRefusal(refusal, verb) {
-  return `rewindfs: ${verb} refused (${refusal.code}): ${refusal.message}`;
+  const line = `rewindfs: ${verb} refused (${refusal.code}): ${refusal.message}`;
+  if (refusal.code === 'redo-stale' && refusal.data) return [line, ...renderStale(refusal.data)].join('\n');
+  return line;
+}
+
+/**
+ * The lines of a `redo-stale` refusal from its data `{rewind, changes, paths}`:
+ * which turns (and other changes) ran after the rewind, and what a redo would overwrite.
+ * @param {{rewind?: number, changes?: object[], paths?: number}} data
+ */
+export function renderStale(data) {
+  const changes = data.changes ?? [];
+  const turns = changes.filter((c) => c.kind === 'turn');
+  const others = changes.filter((c) => c.kind !== 'turn');
+  const lines = [];
+  for (const t of turns) {
+    lines.push(`rewindfs: since the rewind${data.rewind === undefined ? '' : ` (e${data.rewind})`}, turn ${t.turn ?? '?'} ran in session ${t.session ?? '?'}${t.label ? `: ${t.label}` : ''} (${plural(t.paths ?? 0, 'path')} changed)`);
+  }
+  for (const o of others) {
+    const what = o.kind === 'idle' ? 'edits between turns' : o.kind === 'rewind' ? 'a rewind' : o.kind === 'redo' ? 'a redo' : o.kind;
+    lines.push(`rewindfs: since the rewind: ${what} (e${o.epoch}, ${plural(o.paths ?? 0, 'path')} changed)`);
+  }
+  const overwrite = data.paths === undefined ? '' : `; a redo would overwrite ${plural(data.paths, 'path')}`;
+  lines.push(`rewindfs: those changes stay${overwrite} — rewind to a point instead (see /rewind)`);
+  return lines;
 }

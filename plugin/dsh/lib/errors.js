@@ -26,6 +26,7 @@ export const CODES = Object.freeze({
   "daemon-unreachable": "the socket exists but nobody answers on it (a dead daemon)",
   "error": "a failure that carried no code of its own (a daemon error without one, an exception in the harness)",
   "fork-failed": "the harness could not fork the conversation at that turn; the files were not rewound",
+  "job-unstoppable": "a background job or process started by a turn the rewind removes is still running (it survived SIGKILL, refused the signal, or cannot be told apart from work of a kept turn); nothing was rewound",
   "not-mounted": "no daemon serves the session's directory (no control socket found)",
   "relative-point": "a relative point (-1, ~1, HEAD~1, prev, last, ...): name an absolute turn number",
   "session-exists": "`/rewind N --into ID`: a session ID already exists",
@@ -40,11 +41,13 @@ export class RewindfsCallError extends Error {
   /**
    * @param {string} code - the daemon's code, or one of {@link CODES}.
    * @param {string} message - human text.
+   * @param {object} [data] - the protocol error's structured `data` (e.g. `redo-stale`'s changes).
    */
-  constructor(code, message) {
+  constructor(code, message, data) {
     super(message);
     this.name = 'RewindfsCallError';
     this.code = code;
+    if (data !== undefined && data !== null) this.data = data;
   }
 }
 

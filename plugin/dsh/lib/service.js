@@ -17,13 +17,17 @@ import { randomUUID } from 'node:crypto';
 import { call } from './client.js';
 import { callError, codeOf, refusal } from './errors.js';
 import { forkCut, turnsOf } from './fork.js';
+import { stopWorkOfTurns, TURN_ENV, turnTag } from './jobs.js';
 import { defaultStorePath, findSocket, isInside, realpathLoose } from './paths.js';
 
 // REWINDFS_DSH_DEBUG=1 traces every socket call on stderr (for bug reports).
 const debug = process.env.REWINDFS_DSH_DEBUG ? (text) => process.stderr.write(`rewindfs-dsh: ${text}\n`) : () => {};
 const refuse = (code, message) => ({ ok: false, refusal: refusal(code, message) });
-// A caught error becomes a refusal with its own code (the daemon's codes pass through).
-const refuseWith = (error, message = error.message) => ({ ok: false, refusal: { code: codeOf(error), message } });
+// A caught error becomes a refusal with its own code (the daemon's codes pass through)
+// and its structured data, when the daemon sent some (redo-stale names the changes).
+const refuseWith = (error, message = error.message) => ({
+  ok: false, refusal: { code: codeOf(error), message, ...(error?.data === undefined ? {} : { data: error.data }) },
+});
 const ok = (value) => ({ ok: true, value });
 const SESSION_ID = /^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$/;
 const RELATIVE = /^(?:[-+~^].*|head.*|prev(?:ious)?|last|latest|back)$/i;
@@ -54,6 +58,7 @@ export class RewindfsService {
     this.queues = new Map();     // session id -> tail promise
     this.sessions = new Map();   // session id -> {begun: Map<turn, state>, ended, open, warned, unprotected}
     this.outside = new Set();    // tool writes outside the workspace (not protected)
+    this.stoppedFor = new Map(); // child session -> {turn, stopped}: what its rewind stopped
   }
 
   /** The daemon serving `cwd`: {socket, workspace} or undefined. */
@@ -198,9 +203,10 @@ export class RewindfsService {
 
   /**
    * Rewind the workspace to the start of `turn` of `agent`'s session: fork the
-   * conversation at that turn's boundary into a child session first, tell the
-   * store the child's parent, then rewind the files with `undo_for` = the child
-   * (so `/redo` in the child undoes it).  Refused while the agent runs.
+   * conversation at that turn's boundary into a child session (after stopping what
+   * turns >= `turn` left running, `stopTurnWork`), tell the store the child's
+   * parent, then rewind the files with `undo_for` = the child (so `/redo` in the
+   * child undoes it).  Refused while the agent runs.
    * @param {object} agent - the live agent the command was typed in.
    * @param {number} turn - absolute turn number.
    * @param {{into?: string}} options - the child's session id (default: a fresh one).
@@ -232,6 +238,10 @@ export class RewindfsService {
     } catch (error) {
       return refuseWith(error);
     }
+    // Before the fork and the files: nothing of a removed turn may write into the
+    // restored tree, and a writer that cannot be stopped refuses with nothing forked.
+    const work = await this.stopTurnWork(agent, turn);
+    if (!work.ok) return work;
     let handle;
     try {
       debug(`forking ${agent.id} into ${childId} at event ${cut.cut}`);
@@ -247,17 +257,55 @@ export class RewindfsService {
         agentOptions: agent.options,
       });
     } catch (error) {
-      return refuse('fork-failed', `could not fork session ${agent.id} at turn ${turn}: ${error.message}`);
+      return refuse('fork-failed', `could not fork session ${agent.id} at turn ${turn}: ${error.message}${stoppedNote(work.value.stopped)}`);
     }
     try {
       await this.rpc(cwd, 'fork', { child: childId, parent: agent.id, boundary_turn: turn });
       const { result } = await this.rpc(cwd, 'rewind', { to: `e${epoch}`, session: agent.id, undo_for: childId });
       await this.ctx.get('sessions')?.flush(handle.agent.session);
-      return ok({ ...result, turn, target: result.target ?? epoch, parent: agent.id, child: childId, seedLength: cut.cut });
+      this.noteStopped(childId, turn, work.value.stopped);
+      return ok({ ...result, turn, target: result.target ?? epoch, parent: agent.id, child: childId, seedLength: cut.cut, stopped: work.value.stopped });
     } catch (error) {
       await handle.dispose().catch(() => {});
-      return refuseWith(error, `${error.message} (the files were not rewound; the forked session ${childId} was discarded)`);
+      return refuseWith(error, `${error.message} (the files were not rewound; the forked session ${childId} was discarded)${stoppedNote(work.value.stopped)}`);
     }
+  }
+
+  // ---- background work of removed turns (lib/jobs.js) --------------------------
+
+  /**
+   * Stop what turns >= `turn` of `agent`'s session left running (background jobs,
+   * `cmd &` leftovers), before the files are restored.  A writer that cannot be
+   * stopped is a `job-unstoppable` refusal: restoring under it would lose the restore.
+   * @returns {Promise<{ok: true, value: {stopped: object[]}} | {ok: false, refusal: object}>}
+   */
+  async stopTurnWork(agent, turn) {
+    const { stopped, problems } = await stopWorkOfTurns({ jobs: this.ctx.get('jobs'), agent, fromTurn: turn });
+    for (const s of stopped) debug(`stopped ${s.job ?? `process group ${s.pgid}`} of turn ${s.turn}: ${s.command}`);
+    if (problems.length === 0) return ok({ stopped });
+    const already = stopped.length > 0 ? ` (stopped meanwhile: ${stopped.map((s) => s.job ?? `process group ${s.pgid}`).join(', ')})` : '';
+    return refuse('job-unstoppable', `${problems.join('; ')}; the files were not rewound${already}`);
+  }
+
+  /** Remember what the rewind into `child` stopped: `/redo` there says it is not restarted. */
+  noteStopped(child, turn, stopped) {
+    if (stopped.length > 0) this.stoppedFor.set(child, { turn, stopped });
+  }
+
+  /**
+   * The `DSH_REWINDFS_TURN` contributor for `ctx.shellEnv`: every model shell carries
+   * `<session>:<turn>` of the turn that started it (lib/jobs.js reads it back).
+   */
+  turnEnvContributor() {
+    return {
+      name: 'rewindfs-turn',
+      variables: { [TURN_ENV]: { description: 'rewindfs: <session>:<turn> of the turn that started this shell (lets /rewind stop what a removed turn left running).' } },
+      resolve: (execution) => {
+        const session = execution.agent?.session;
+        const tag = session === undefined ? undefined : turnTag(session.header?.id ?? execution.agent.id, session.events ?? []);
+        return tag === undefined ? {} : { [TURN_ENV]: tag };
+      },
+    };
   }
 
   /** Whether a session with this id is live or persisted (a fork must not overwrite it). */
@@ -272,7 +320,7 @@ export class RewindfsService {
     if (agent.status === 'running') return refuse('busy', 'the agent is running; wait for the turn to finish (or cancel it), then redo');
     try {
       const { result } = await this.enqueue(agent.id, () => this.rpc(this.cwdOf(agent), 'redo', { session: agent.id }));
-      return ok({ ...result, session: agent.id });
+      return ok({ ...result, session: agent.id, ...(this.stoppedFor.has(agent.id) ? { notRestarted: this.stoppedFor.get(agent.id) } : {}) });
     } catch (error) {
       return refuseWith(error);
     }
@@ -291,6 +339,11 @@ function withTimeout(promise, ms, message) {
     timer = setTimeout(() => reject(callError('timeout', message)), ms);
   });
   return Promise.race([promise, timeout]).finally(() => clearTimeout(timer));
+}
+
+/** For a refusal after the work of the removed turns was stopped: what was stopped. */
+function stoppedNote(stopped) {
+  return stopped.length === 0 ? '' : `; stopped before that: ${stopped.map((s) => s.job ?? `process group ${s.pgid}`).join(', ')}`;
 }
 
 /** The turn point for `turn`: the session's own first, else an inherited one. */

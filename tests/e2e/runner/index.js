@@ -13,15 +13,21 @@
  *      {"service": "points"},                      ctx.rewindfs.points(agent) (or status)
  *      {"prompt": "text", "during": "/rewind 1",   the command is dispatched while the
  *       "gate": "/abs/file"}                       turn runs: after its first tool call
- *    ]}                                            starts; then the gate file is created
+ *                                                  starts; then the gate file is created
  *                                                  (the scripted tool waits for it)
+ *      {"touch": "/abs/file"}                      create a file (opens a scripted gate)
+ *      {"wait_exit": "/abs/pidfile"}               wait (at most 60 s) until the pid in the
+ *                                                  file is gone, then until the agent is idle;
+ *                                                  records `exited` and the session's turns
+ *      {"alive": "/abs/pidfile"}                   whether that pid still runs
+ *    ]}
  *
  * Prints one line per step on stdout: `RWE2E {"session", "kind", ...}` -- the
  * session id, the turn's end reason and final text, or the command's result kind
  * and text.  Exit code 0 unless the runner itself failed.
  */
 import { randomUUID } from 'node:crypto';
-import { writeFileSync } from 'node:fs';
+import { readFileSync, writeFileSync } from 'node:fs';
 
 export const name = 'rewindfs-e2e-runner';
 export const inject = ['agentDefaultModel', 'agents', 'sessions', 'commands'];
@@ -91,18 +97,56 @@ async function prompt(ctx, agent, step) {
   return { kind: 'turn', reason: outcome.reason?.kind, text: outcome.text, during: duringResult };
 }
 
+const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
+
+/** Whether `pid` is a live (not zombie) process. */
+function alive(pid) {
+  try {
+    const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
+    return stat.slice(stat.lastIndexOf(')') + 2, stat.lastIndexOf(')') + 3) !== 'Z';
+  } catch {
+    return false;
+  }
+}
+
+const pidIn = (file) => Number(readFileSync(file, 'utf8').trim());
+const turnsOf = (agent) => agent.session.events.filter((e) => e.type === 'turn/start').map((e) => e.data.turn);
+
+/**
+ * Wait until the process in `file` is gone (60 s at most), then give a completion
+ * notice the chance to wake the agent (a tick, then until idle), and report the turns.
+ */
+async function waitExit(agent, file) {
+  const pid = pidIn(file);
+  const until = Date.now() + 60_000;
+  while (alive(pid) && Date.now() < until) await sleep(50);
+  const exited = !alive(pid);
+  await sleep(500);
+  await agent.whenIdle();
+  return { kind: 'wait', pid, exited, turns: turnsOf(agent) };
+}
+
+async function step(ctx, agent, s) {
+  if (s.command) return { kind: 'command', line: s.command, ...(await command(ctx, agent, s.command)) };
+  if (s.service) return { kind: 'service', call: s.service, ...(await ctx.get('rewindfs')[s.service](agent)) };
+  if (s.touch) {
+    writeFileSync(s.touch, 'go');
+    return { kind: 'touch', path: s.touch };
+  }
+  if (s.wait_exit) return waitExit(agent, s.wait_exit);
+  if (s.alive) return { kind: 'alive', pid: pidIn(s.alive), alive: alive(pidIn(s.alive)) };
+  return prompt(ctx, agent, s);
+}
+
 async function run(ctx, exit) {
   await ctx.get('loader')?.await();
   const action = JSON.parse(process.env.REWINDFS_E2E_ACTION ?? '{}');
   const { agent } = await open(ctx, action);
   await agent.whenIdle();
   let failed = false;
-  for (const step of action.steps ?? []) {
-    process.stderr.write(`rwe2e: ${agent.id}: ${JSON.stringify(step)}\n`);
-    let record;
-    if (step.command) record = { kind: 'command', line: step.command, ...(await command(ctx, agent, step.command)) };
-    else if (step.service) record = { kind: 'service', call: step.service, ...(await ctx.get('rewindfs')[step.service](agent)) };
-    else record = await prompt(ctx, agent, step);
+  for (const s of action.steps ?? []) {
+    process.stderr.write(`rwe2e: ${agent.id}: ${JSON.stringify(s)}\n`);
+    const record = await step(ctx, agent, s);
     emit({ session: agent.id, ...record });
     if (record.kind === 'turn' && record.reason !== 'completed') failed = true;
   }
