@@ -169,7 +169,7 @@ class RewindOperations(pyfuse3.Operations):
         self.notifier = Notifier()
         self.stats = {"captures": 0, "capture_errors": 0}
         # Writers of turns a rewind removed (reported by status; latewrites.py).  The
-        # mutating handlers test ``late.armed`` and call nothing until a rewind arms it.
+        # mutating handlers call ``_saw``, one attribute test until a rewind arms it.
         self.late = LateWrites()
         self.fenced: set[tuple[int, int]] = set()   # real inodes no one may open to write
         # The running rewind's fence (fence_rewind): its plan's paths, their ancestor
@@ -195,6 +195,16 @@ class RewindOperations(pyfuse3.Operations):
         self.set_epoch(epoch.id)
         if epoch.kind in ("rewind", "redo"):
             self.late.rewound(self.store.epochs(self.ws), epoch)
+
+    def _saw(self, ctx, path: bytes) -> None:
+        """A mutating request for ``path``: noted if a rewind armed the late-write watch
+        (one attribute test otherwise)."""
+        if self.late.armed:
+            self.late.saw(ctx.pid, path)
+
+    def _saw_node(self, ctx, node) -> None:
+        if self.late.armed and node.paths:
+            self.late.saw(ctx.pid, node.path)
 
     def reload_rules(self) -> None:
         """Read ``.rewindignore`` again (it was written, renamed, removed or restored).
@@ -405,8 +415,7 @@ class RewindOperations(pyfuse3.Operations):
                       fields.update_gid, fields.update_atime, fields.update_mtime,
                       fields.update_ctime)
         if not self._time_push(node, attr, fields):
-            if self.late.armed and node.paths:
-                self.late.saw(ctx.pid, node.path)
+            self._saw_node(ctx, node)
             if self.busy:
                 self._refuse_busy_node(node)
             self._guard_node(node)
@@ -521,8 +530,7 @@ class RewindOperations(pyfuse3.Operations):
     @_handler
     def mknod(self, parent_inode, name, mode, rdev, ctx):
         path = self._new_name(parent_inode, name)
-        if self.late.armed:
-            self.late.saw(ctx.pid, path)
+        self._saw(ctx, path)
         self._guard([(path, False)])
         with self._parent(path) as (fd, n):
             os.mknod(n, mode, rdev, dir_fd=fd)
@@ -531,8 +539,7 @@ class RewindOperations(pyfuse3.Operations):
     @_handler
     def mkdir(self, parent_inode, name, mode, ctx):
         path = self._new_name(parent_inode, name)
-        if self.late.armed:
-            self.late.saw(ctx.pid, path)
+        self._saw(ctx, path)
         self._guard([(path, True)])
         with self._parent(path) as (fd, n):
             os.mkdir(n, stat.S_IMODE(mode), dir_fd=fd)
@@ -541,8 +548,7 @@ class RewindOperations(pyfuse3.Operations):
     @_handler
     def symlink(self, parent_inode, name, target, ctx):
         path = self._new_name(parent_inode, name)
-        if self.late.armed:
-            self.late.saw(ctx.pid, path)
+        self._saw(ctx, path)
         self._guard([(path, False)])
         with self._parent(path) as (fd, n):
             os.symlink(target, n, dir_fd=fd)
@@ -553,8 +559,7 @@ class RewindOperations(pyfuse3.Operations):
         node = self.table[inode]
         src = self._path(node)
         new = self._new_name(new_parent_inode, new_name)
-        if self.late.armed:
-            self.late.saw(ctx.pid, new)
+        self._saw(ctx, new)
         if self.busy:
             self._refuse_busy_node(node)
         self._guard([(new, False)])
@@ -572,8 +577,7 @@ class RewindOperations(pyfuse3.Operations):
     @_handler
     def unlink(self, parent_inode, name, ctx):
         path = self._new_path(parent_inode, name)
-        if self.late.armed:
-            self.late.saw(ctx.pid, path)
+        self._saw(ctx, path)
         if path in self.busy:
             raise FUSEError(errno.EBUSY)
         st = self._lstat(path)
@@ -588,8 +592,7 @@ class RewindOperations(pyfuse3.Operations):
     @_handler
     def rmdir(self, parent_inode, name, ctx):
         path = self._new_path(parent_inode, name)
-        if self.late.armed:
-            self.late.saw(ctx.pid, path)
+        self._saw(ctx, path)
         if self.busy:
             self._refuse_busy_tree(path)
         self._guard([(path, True)])
@@ -603,8 +606,7 @@ class RewindOperations(pyfuse3.Operations):
         if name_new.startswith(TMP_PREFIX):
             raise FUSEError(errno.EPERM)
         new = self._new_path(parent_new, name_new)
-        if self.late.armed:
-            self.late.saw(ctx.pid, new)
+        self._saw(ctx, new)
         if self.busy:   # a directory being landed into stays where it is
             self._refuse_busy_tree(old)
             self._refuse_busy_tree(new)
@@ -673,8 +675,7 @@ class RewindOperations(pyfuse3.Operations):
         node = self.table[inode]
         path = self._path(node)
         if flags & os.O_TRUNC or flags & os.O_ACCMODE != os.O_RDONLY:
-            if self.late.armed:
-                self.late.saw(ctx.pid, path)
+            self._saw(ctx, path)
             if self.fenced:
                 self._refuse_fenced(path)
             if self.busy:
@@ -692,8 +693,7 @@ class RewindOperations(pyfuse3.Operations):
     @_handler
     def create(self, parent_inode, name, mode, flags, ctx):
         path = self._new_name(parent_inode, name)
-        if self.late.armed:
-            self.late.saw(ctx.pid, path)
+        self._saw(ctx, path)
         if self.fenced:
             self._refuse_fenced(path)   # O_CREAT without O_EXCL opens an existing file
         # A name that exists after all (a stale negative dentry) is opened for writing:
@@ -849,8 +849,7 @@ class RewindOperations(pyfuse3.Operations):
     @_handler
     def setxattr(self, inode, name, value, ctx):
         node = self.table[inode]
-        if self.late.armed and node.paths:
-            self.late.saw(ctx.pid, node.path)
+        self._saw_node(ctx, node)
         if self.busy:
             self._refuse_busy_node(node)
         self._guard_node(node)
@@ -860,8 +859,7 @@ class RewindOperations(pyfuse3.Operations):
     @_handler
     def removexattr(self, inode, name, ctx):
         node = self.table[inode]
-        if self.late.armed and node.paths:
-            self.late.saw(ctx.pid, node.path)
+        self._saw_node(ctx, node)
         if self.busy:
             self._refuse_busy_node(node)
         self._guard_node(node)

@@ -97,7 +97,7 @@ def test_rewind_plan_lists_other_sessions_and_idle_edits(tmp_path):
         assert (ws / "a").read_text() == "a v0\n" and (ws / "b").read_text() == "b v0\n"
 
         # a human real rewind names them before the restore result too
-        res = cli("redo", "-C", ws, store=m.store)
+        res = cli("redo", "--session", "s1", "-C", ws, store=m.store)
         assert res.returncode == 0, res.stderr
         res = cli("rewind", "1", "--session", "s2", "-C", ws, store=m.store)
         assert res.returncode == 0, res.stderr

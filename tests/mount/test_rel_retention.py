@@ -109,7 +109,7 @@ def test_pending_redo_is_kept_unless_told(hist):
     res = cli("gc", "--keep-epochs", "1", "--json", "-C", h.root, store=store.path)
     assert res.returncode == 0, res.stderr
     assert store.epochs(h.ws)[0].id == points[1]          # everything from turn 2 on
-    res = cli("redo", "-C", h.root, store=store.path)
+    res = cli("redo", "--session", "s1", "-C", h.root, store=store.path)
     assert res.returncode == 0, res.stderr
     assert content(h) == at_t5
     res = cli("rewind", "2", "--session", "s1", "-C", h.root, store=store.path)
@@ -120,7 +120,7 @@ def test_pending_redo_is_kept_unless_told(hist):
               store=store.path)
     assert res.returncode == 0, res.stderr
     assert len(store.epochs(h.ws)) == 1
-    res = cli("redo", "-C", h.root, store=store.path)
+    res = cli("redo", "--session", "s1", "-C", h.root, store=store.path)
     assert res.returncode == 2, res.stdout + res.stderr
     assert content(h) == at_t2
 
@@ -138,10 +138,15 @@ def test_each_sessions_redo_is_kept(hist):
     assert res.returncode == 0, res.stderr
     res = cli("gc", "--keep-epochs", "1", "--json", "-C", h.root, store=store.path)
     assert res.returncode == 0, res.stderr
+    # b's turns and rewind came after a's rewind: a plain redo is stale; forced, it
+    # still finds every epoch it needs
     res = cli("redo", "--session", "a", "--dry-run", "--json", "-C", h.root,
               store=store.path)
+    assert res.returncode == 2 and '"redo-stale"' in res.stdout, res.stdout + res.stderr
+    res = cli("redo", "--session", "a", "--force", "--dry-run", "--json", "-C", h.root,
+              store=store.path)
     assert res.returncode == 0, res.stdout + res.stderr
-    res = cli("redo", "--session", "a", "-C", h.root, store=store.path)
+    res = cli("redo", "--session", "a", "--force", "-C", h.root, store=store.path)
     assert res.returncode == 0, res.stdout + res.stderr
     assert content(h) == before_a_rewind
 

@@ -223,7 +223,7 @@ def test_cli_through_the_daemon(tmp_path):
         assert (ws / "a.txt").read_bytes() == b"one\n" and not (ws / "b.bin").exists()
         res = cli("show", "t1", "a.txt", store=store, cwd=ws)
         assert res.stdout == "one\n"
-        res = cli("redo", store=store, cwd=ws)
+        res = cli("redo", "--session", "s1", store=store, cwd=ws)
         assert res.returncode == 0, res.stderr
         assert (ws / "a.txt").read_bytes() == b"two\n" and (ws / "b.bin").exists()
         res = cli("rewind", "HEAD~1", store=store, cwd=ws)
