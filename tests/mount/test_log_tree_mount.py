@@ -12,23 +12,9 @@ from rich.cells import cell_len
 from mountkit import cli, mounted
 from rewindfs.overlay.control.client import call
 from rewindfs.store._errors import RewindfsError
+from historykit import contract_parents
 
 pytestmark = pytest.mark.mount
-
-
-def anchor_parents(epochs: list[dict]) -> dict[int, int | None]:
-    """CONTRACT15's rule, as worded: anchor(P) from the epoch before P."""
-    by_id = {e["epoch"]: e for e in epochs}
-    ids = [e["epoch"] for e in epochs]
-
-    def anchor(p):
-        i = ids.index(p)
-        if i == 0:
-            return None
-        q = by_id[ids[i - 1]]
-        return q["epoch"] if q["kind"] in ("turn", "idle") else anchor(q["target"])
-
-    return {eid: anchor(eid) for eid in ids}
 
 
 def test_log_tree_through_the_daemon(tmp_path):
@@ -51,7 +37,7 @@ def test_log_tree_through_the_daemon(tmp_path):
         plain = [json.loads(line) for line in
                  cli("--json", "log", store=store, cwd=ws).stdout.splitlines()]
         assert [n["epoch"] for n in nodes] == [p["epoch"] for p in plain]
-        assert {n["epoch"]: n["parent"] for n in nodes} == anchor_parents(plain)
+        assert {n["epoch"]: n["parent"] for n in nodes} == contract_parents(plain)
         current = [n for n in nodes if n["current"]]
         assert len(current) == 1 and current[0]["turn"] == 4 and current[0]["paths"] == 1
         t1, t2 = (next(n["epoch"] for n in nodes if n["turn"] == t) for t in (1, 2))

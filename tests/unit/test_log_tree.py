@@ -23,22 +23,7 @@ from rewindfs.overlay.errors import BadParams
 from rewindfs.store import BadSession, Store
 from rewindfs.store import _epoch
 from store_fixtures import assert_sound
-
-
-def contract_parents(epochs: list[dict]) -> dict[int, int | None]:
-    """CONTRACT15: anchor(P): Q = the epoch before P; None → root; turn/idle → Q;
-    rewind/redo with target T → anchor(T).  parent(E) = anchor(E)."""
-    by_id = {e["epoch"]: e for e in epochs}
-    ids = [e["epoch"] for e in epochs]
-
-    def anchor(p):
-        i = ids.index(p)
-        if i == 0:
-            return None
-        q = by_id[ids[i - 1]]
-        return q["epoch"] if q["kind"] in ("turn", "idle") else anchor(q["target"])
-
-    return {eid: anchor(eid) for eid in ids}
+from historykit import contract_parents
 
 
 def open_redo(store, ws, rewind_id, session):
