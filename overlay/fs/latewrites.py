@@ -26,9 +26,10 @@ judged either way; a clock step during the window skews it by that step (a repor
 not a refusal, so that is acceptable; in exchange a daemon restart loses nothing).
 
 Cost: nothing until a rewind or redo removed a turn (``armed`` is False; the handlers
-test that attribute and call nothing).  Armed, each mutating request reads one
-``/proc/<pid>/stat``; a new (pid, starttime) is classified once (its chain's stat and
-environ files) and the verdict cached.  What it does not see: a write through a file
+test that attribute and call nothing).  Armed, a mutating request costs a dict lookup
+while its pid's verdict is under a second old, else one ``/proc/<pid>/stat`` read; a
+new (pid, starttime) is classified once (its chain's stat and environ files) and the
+verdict cached.  What it does not see: a write through a file
 descriptor opened before the rewind (``write`` carries no pid; the open did), and a
 writer that cleared its environment and started after the window.
 """
@@ -48,6 +49,7 @@ MAX_DEPTH = 16           # ancestors looked at, writer included
 MAX_RECORDS = 200        # late writes kept for status (the first ones)
 MAX_VERDICTS = 4096      # (pid, starttime) verdicts cached
 MAX_SEEN = 65536         # (pid, path) late writes remembered, so each is logged once
+RECHECK_S = 1.0          # a pid's verdict is reused this long without reading /proc
 _HZ = os.sysconf("SC_CLK_TCK")
 
 
@@ -93,6 +95,7 @@ class LateWrites:
         self.records: list[dict] = []
         self._seen: set[tuple[int, bytes]] = set()
         self._verdicts: dict[tuple[int, int], dict | None] = {}
+        self._recent: dict[int, tuple[float, dict | None]] = {}   # pid → (when, verdict)
 
     # -- arming -------------------------------------------------------------------
 
@@ -117,6 +120,7 @@ class LateWrites:
             self.armed = True
             log.info("late writes: watching for writers of %d removed turn(s)", len(self.windows))
         self._verdicts.clear()    # a pid judged harmless may belong to a turn removed now
+        self._recent.clear()
 
     # -- the request path ------------------------------------------------------------
 
@@ -137,6 +141,13 @@ class LateWrites:
                     verdict["turn"], verdict["session"])
 
     def _verdict(self, pid: int) -> dict | None:
+        # A pid's verdict is trusted for RECHECK_S without reading /proc again (~15 µs a
+        # read, on every mutating request for as long as the watch is armed); a pid
+        # reused within that second by another process is the price, in a report.
+        now = time.monotonic()
+        recent = self._recent.get(pid)
+        if recent is not None and now - recent[0] < RECHECK_S:
+            return recent[1]
         st = read_stat(pid, self.proc)
         if st is None:
             return None
@@ -145,6 +156,9 @@ class LateWrites:
             if len(self._verdicts) >= MAX_VERDICTS:
                 self._verdicts.clear()
             self._verdicts[key] = self._classify(pid, st)
+        if len(self._recent) >= MAX_VERDICTS:
+            self._recent.clear()
+        self._recent[pid] = (now, self._verdicts[key])
         return self._verdicts[key]
 
     def _classify(self, pid: int, st) -> dict | None:
