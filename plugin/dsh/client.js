@@ -17,6 +17,8 @@
  *   host puts the files back and files the undo record in that child), then
  *   `ctx.sessions.open(child)`.  A refusal (busy, unprotected turn, a host refusal)
  *   is shown beside the control and nothing is opened.
+ * - `conversation.chat.commandview` for `rewind` and `redo`: the whole reply, line
+ *   by line (the stock row shows only its first line).
  * - `conversation.session.header.actions`: "undo the rewind that landed here"
  *   (only while a `/redo` in this session would do something) and "rewind status"
  *   (runs `/rewind status`; the answer lands in the transcript).
@@ -272,6 +274,15 @@ window.__ModuleLoader__.load({
       };
     }
 
+    /** `/rewind` and `/redo` rows in the transcript: the command, then the whole reply, line by line. */
+    function CommandView({ node }) {
+      const outcome = node?.outcome;
+      const text = outcome === null || outcome === undefined ? '…' : (outcome.text ?? outcome.kind);
+      return h('div', { 'data-rewindfs': 'command-view', 'data-command': node?.name ?? '', 'data-outcome': outcome?.kind ?? 'running', style: { fontSize: 13, lineHeight: '19px' } },
+        h('div', { style: { opacity: 0.65 } }, `/${node?.name ?? ''}${node?.args ?? ''}`),
+        h('pre', { style: { whiteSpace: 'pre-wrap', margin: '2px 0 0', fontFamily: 'var(--dsw-font-mono, monospace)', fontSize: 12, ...(outcome?.kind === 'error' ? { color: statusStyle.color } : {}) } }, text));
+    }
+
     // ---- plugin ------------------------------------------------------------------
 
     const inject = ['slots', 'sessions'];
@@ -280,6 +291,11 @@ window.__ModuleLoader__.load({
       ctx.slots.inject('conversation.chat.assistant-actions', () => ctx.slots.register({
         name: 'conversation.chat.assistant-actions', id: 'rewindfs-rewind', order: 30,
       }, makeRewindAction(ctx.sessions)));
+      for (const key of ['rewind', 'redo']) {
+        ctx.slots.inject('conversation.chat.commandview', () => ctx.slots.register({
+          name: 'conversation.chat.commandview', key,
+        }, CommandView));
+      }
       ctx.slots.inject('conversation.session.header.actions', () => ctx.slots.register({
         name: 'conversation.session.header.actions', id: 'rewindfs-undo', order: 40,
       }, makeUndoRewind(ctx.sessions)));

@@ -333,15 +333,19 @@ export class RewindfsService {
   }
 
   /**
-   * Whether `/redo` would do something in session `id` now (a dry run; the web
-   * UI's header control asks).  Never throws.
+   * Whether a rewind landed in session `id` and was not redone yet (the web UI's
+   * header control asks).  Never throws.  A redo is recorded as an epoch of kind
+   * `redo`, or (older daemons) as a `rewind` whose target is a rewind epoch; the
+   * daemon would redo again after a redo (undoing the redo), which is not what the
+   * control offers.
    * @param {string} id - session id.
    * @returns {Promise<{ok: true, value: {session: string, canRedo: boolean, reason?: string}}>} verdict.
    */
   async redoState(id) {
     try {
-      await this.enqueue(id, () => this.rpc(this.cwdOfSession(id), 'redo', { session: id, dry_run: true }));
-      return ok({ session: id, canRedo: true });
+      const { result } = await this.enqueue(id, () => this.rpc(this.cwdOfSession(id), 'points', {}));
+      const verdict = redoVerdict(result.points ?? [], id);
+      return ok({ session: id, ...verdict });
     } catch (error) {
       return ok({ session: id, canRedo: false, reason: `${codeOf(error)}: ${error.message}` });
     }
@@ -430,4 +434,19 @@ function intoVerdict(existing, parentId, into, turn) {
   const verdict = checkFreshFork(existing, parentId, turn);
   if (verdict.ok) return verdict;
   return refuse('fork-not-fresh', `session ${into} cannot take this rewind: ${verdict.reason}; fork this session before turn ${turn}, or leave out --into`);
+}
+
+/**
+ * From every epoch of the workspace: can session `id` still undo the rewind that
+ * landed in it?  `{canRedo, reason?}`.
+ */
+export function redoVerdict(epochs, id) {
+  const kindOf = new Map(epochs.map((e) => [e.epoch, e.kind]));
+  const isRedo = (e) => e.kind === 'redo' || (e.kind === 'rewind' && kindOf.get(e.target) === 'rewind');
+  const own = epochs.filter((e) => e.session === id && (e.kind === 'rewind' || e.kind === 'redo'))
+    .sort((a, b) => a.epoch - b.epoch);
+  const last = own.at(-1);
+  if (last === undefined) return { canRedo: false, reason: 'no rewind landed in this session' };
+  if (isRedo(last)) return { canRedo: false, reason: 'the newest rewind here was redone' };
+  return { canRedo: true };
 }
