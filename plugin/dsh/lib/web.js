@@ -48,7 +48,7 @@ async function serve(req, res, answer) {
   try {
     return send(res, 200, await answer(id));
   } catch (error) {
-    return send(res, 500, { ok: false, refusal: { code: 'error', message: String(error?.message ?? error) } });
+    return send(res, 500, { ok: false, refusal: refusal('error', String(error?.message ?? error)) });
   }
 }
 
