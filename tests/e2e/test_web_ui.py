@@ -81,7 +81,7 @@ def session_logs(home) -> dict[str, list[dict]]:
     return out
 
 
-def test_rewind_and_undo_in_the_web_ui(tmp_path):
+def test_rewind_and_undo_in_the_web_ui(tmp_path, capsys):
     paths = harness()
     driver = browser_driver()
     ws, store, gate = tmp_path / "ws", tmp_path / "store", tmp_path / "gate"
@@ -95,7 +95,8 @@ def test_rewind_and_undo_in_the_web_ui(tmp_path):
             try:
                 run_flow(page, web, dsh, ws, gate)
             finally:
-                print(f"screenshots: {page.shots}")
+                with capsys.disabled():   # the paths belong in the CI log, pass or fail
+                    print(f"\nweb UI screenshots: {', '.join(sorted(map(str, page.shots.glob('*.png'))))}")
 
 
 def open_workspace(page, web, ws):
