@@ -11,7 +11,9 @@ plugin installed into the web profile and the scripted model endpoint:
 - ``/redo`` typed in the parent → refused: rewound into the child;
 - the header's "undo the rewind that landed here" → the tree after turn 2, the mark
   is gone; "rewind status" → its answer in the transcript;
-- ``/rewind`` typed in the composer; a running turn → the control refuses (busy).
+- ``/rewind`` typed in the composer; a running turn → the control refuses (busy);
+- ``/rewind 2`` typed in the composer → the host's own fork, listed under the
+  workspace too, the reply naming it.
 
 Screenshots of every step are saved under the test's tmp dir; their paths are printed.
 """
@@ -186,14 +188,16 @@ def run_flow(page, web, dsh, ws, gate):
     assert re.fullmatch(rf"  turn 1  .* \d+ files? changed  {P1}  \(from {parent}\)", lines[1]), lines
     page.shot("6-typed-rewind")
 
-    check_busy(page, ws, gate)
+    before_child_turn2 = check_busy(page, ws, gate)
+    check_typed_rewind(page, ws, before_child_turn2)
 
 
 def check_busy(page, ws, gate):
     """While a turn runs, the control refuses with the busy reason (nothing forked).
 
     In the child: its turn 2 (P4), then turn 3 (P3) waits for the gate while the
-    control of turn 2 is clicked."""
+    control of turn 2 is clicked.  Returns the tree before the child's turn 2."""
+    before = snapshot(ws)
     send(page, P4)
     page.do("wait", target=f"text={DONE4}")
     page.do("wait", target=f"{rewind_control(2)}:not([disabled])")
@@ -208,6 +212,19 @@ def check_busy(page, ws, gate):
     page.do("wait", target=f"text={DONE3}")
     assert (ws / "late.txt").read_text() == "late\n"
     assert len(sidebar_rows(page)) == 3, sidebar_rows(page)   # no fork was made
+    return before
+
+
+def check_typed_rewind(page, ws, before_turn2_files):
+    """`/rewind 2` typed in the composer: the host forks, and the fork is listed under
+    the workspace too; the reply names the child and how to open it."""
+    send(page, "/rewind 2")
+    reply = page.do("text", target=f'{COMMAND_VIEW}[data-command="rewind"]:has-text("rewound the files") pre')["text"]
+    assert "rewindfs: open session session-" in reply and "(web UI: the session list, under this workspace" in reply, reply
+    page.shot("8-typed-rewind-2")
+    rows = sidebar_rows(page)
+    assert rows[0] == "ws" and len(rows) == 4 and "Ungrouped" not in page.do("text", target=SESSIONS)["text"], rows
+    assert compare(before_turn2_files, snapshot(ws)) == []
 
 
 def sidebar_rows(page) -> list[str]:

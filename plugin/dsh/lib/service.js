@@ -270,7 +270,10 @@ export class RewindfsService {
     try {
       await this.rpc(cwd, 'fork', { child: childId, parent: agent.id, boundary_turn: turn });
       const { result } = await this.rpc(cwd, 'rewind', { to: `e${epoch}`, session: agent.id, undo_for: childId });
-      if (handle !== undefined) await this.ctx.get('sessions')?.flush(handle.agent.session);
+      if (handle !== undefined) {
+        await this.ctx.get('sessions')?.flush(handle.agent.session);
+        await this.attachToParentWorkspace(agent.id, childId);
+      }
       this.markRewound(agent.session);
       return ok({ ...result, turn, target: result.target ?? epoch, parent: agent.id, child: childId, seedLength: cut.cut, forked: !forked });
     } catch (error) {
@@ -294,6 +297,23 @@ export class RewindfsService {
       },
       agentOptions: agent.options,
     });
+  }
+
+  /**
+   * Attach a fork the plugin made itself to its parent's workspace, as the
+   * deployment's own fork does (the web UI lists it there, not under "Ungrouped").
+   * Nothing happens without a workspace registry (headless) or when the parent
+   * belongs to no workspace; a failure is only traced (the rewind has landed).
+   */
+  async attachToParentWorkspace(parentId, childId) {
+    const registry = this.ctx.get('workspaceRegistry');
+    const workspace = registry?.list?.().find((w) => w.sessionIds?.includes(parentId));
+    if (workspace === undefined) return;
+    try {
+      await workspace.attachSession(childId);
+    } catch (error) {
+      debug(`could not attach ${childId} to workspace ${workspace.id}: ${error.message}`);
+    }
   }
 
   /**
