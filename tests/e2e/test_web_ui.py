@@ -103,9 +103,10 @@ def test_rewind_and_undo_in_the_web_ui(tmp_path, capsys):
 
 def open_workspace(page, web, ws):
     page.do("goto", url=web.url)
-    page.do("wait", target='button[aria-label="Choose workspace"]')
-    if page.do("count", target='button:has-text("Continue")')["count"]:
-        page.do("click", target='button:has-text("Continue")')
+    # A fresh DSH_HOME (every test has one) first shows the testing notice; it may
+    # appear after the page has rendered, so wait for it rather than look once.
+    page.do("click", target='button:has-text("Continue")')
+    page.do("wait", target='button:has-text("Continue")', state="detached")
     page.do("click", target='button[aria-label="Choose workspace"]')
     page.do("click", target='button[aria-label="Edit path"]')
     page.do("fill", target='input[aria-label="Edit path"]', text=str(ws))
