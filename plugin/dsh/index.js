@@ -15,7 +15,10 @@
  * - a `ctx.shellEnv` contributor: every model shell carries `DSH_REWINDFS_TURN=<session>:<turn>`,
  *   so `/rewind N` can stop what turns >= N left running (lib/jobs.js);
  * - commands `/rewind`, `/rewind <turn> [--into <session>]`, `/rewind status`, `/redo`;
- * - the service `ctx.rewindfs` (lib/service.js) for other plugins.
+ * - the service `ctx.rewindfs` (lib/service.js) for other plugins;
+ * - where the harness runs its web server (`--profile web`): two read-only routes
+ *   for the web UI's client module (lib/web.js; the module itself is client.js,
+ *   served by the web shell from package.json's `exports["./client"]`).
  *
  * It writes no session events of its own (an unknown event type makes the harness
  * refuse to open the log); its state lives in the rewindfs store.
@@ -26,6 +29,7 @@ import { Config } from './lib/config.js';
 import { refusal } from './lib/errors.js';
 import { labelOf } from './lib/fork.js';
 import { RewindfsService } from './lib/service.js';
+import { registerWebRoutes } from './lib/web.js';
 
 export const name = 'rewindfs';
 export const inject = ['agents', 'sessions', 'commands'];
@@ -79,6 +83,11 @@ export function apply(ctx, config) {
       return next();
     }, { prepend: true });
   }
+
+  // Optional: only the web profile mounts a web server; without it nothing is registered.
+  ctx.inject(['webServer'], (web) => {
+    web.effect(() => registerWebRoutes(web.webServer, service), 'rewindfs web routes');
+  });
 
   ctx.effect(function* () {
     yield () => service.drain();

@@ -114,11 +114,11 @@ class Dsh:
             raise AssertionError(f"dsh {' '.join(args)} did not finish in {timeout} s\n"
                                  f"stdout:\n{out[-3000:]}\nstderr:\n{err[-3000:]}") from None
 
-    def install_plugin(self, cwd) -> subprocess.CompletedProcess:
-        """``dsh plugin --profile headless add -w <abs path>``, checked with --dump-config."""
-        added = self.dsh("plugin", "--profile", "headless", "add", "-w", str(PLUGIN), cwd=cwd)
+    def install_plugin(self, cwd, profile="headless") -> subprocess.CompletedProcess:
+        """``dsh plugin --profile <profile> add -w <abs path>``, checked with --dump-config."""
+        added = self.dsh("plugin", "--profile", profile, "add", "-w", str(PLUGIN), cwd=cwd)
         assert added.returncode == 0, added.stderr[-3000:]
-        dump = self.dsh("--profile", "headless", "--dump-config", cwd=cwd)
+        dump = self.dsh("--profile", profile, "--dump-config", cwd=cwd)
         assert dump.returncode == 0, dump.stderr[-3000:]
         assert "id: rewindfs" in dump.stdout and "name: rewindfs-dsh" in dump.stdout
         return added

@@ -144,7 +144,8 @@ def run_session(dsh, model, ws, store, gate):
     recs, _ = dsh.run(ws, session=parent, steps=[
         {"command": "/rewind"}, {"command": "/rewind status"}, {"command": "/rewind -1"},
         {"command": "/rewind HEAD~1"}, {"command": "/rewind 7"}, {"command": "/rewind two"},
-        {"command": "/redo"}, {"service": "points"}, {"command": f"/rewind 2 --into {child}"},
+        {"command": "/redo"}, {"service": "points"}, {"command": "/rewind e999"},
+        {"command": f"/rewind 2 --into {child}"},
     ])
     service = one(recs, kind="service")
     assert service["ok"] is True and service["value"]["session"] == parent
@@ -167,6 +168,8 @@ def run_session(dsh, model, ws, store, gate):
         f"rewindfs: /rewind 7 refused (unknown-point): session {parent} has no turn 7 (turns: 1, 2)"
     assert one(recs, line="/rewind two")["text"] == \
         'rewindfs: /rewind refused (bad-turn): "two" is not a turn number (turns count from 1; see /rewind)'
+    assert one(recs, line="/rewind e999")["text"] == \
+        f"rewindfs: /rewind e999 refused (unknown-point): session {parent} has no turn point e999 (see /rewind)"
     redo = one(recs, line="/redo")
     assert redo["result"] == "error" and redo["text"].startswith("rewindfs: /redo refused (nothing-to-redo): ")
     rewound = one(recs, line=f"/rewind 2 --into {child}")

@@ -19,7 +19,8 @@ export const USAGE = 'usage: /rewind [<turn> [--into <session>] | status]';
 /**
  * Parse `/rewind`'s raw input.
  * @param {string} raw - everything after "/rewind".
- * @returns {{op: 'list'} | {op: 'status'} | {op: 'rewind', turn: number, into?: string} | {refusal: {code: string, message: string}}}
+ * @returns {{op: 'list'} | {op: 'status'} | {op: 'rewind', turn: number | string, into?: string} | {refusal: {code: string, message: string}}}
+ *   (`turn` is a number, or a point id "e<epoch>" verbatim)
  */
 export function parseRewind(raw) {
   const words = raw.trim().split(/\s+/).filter((w) => w !== '');
@@ -29,9 +30,10 @@ export function parseRewind(raw) {
   }
   const parsed = parseTurn(words[0]);
   if (parsed.refusal) return parsed;
+  const turn = parsed.turn ?? parsed.point;
   const rest = words.slice(1);
-  if (rest.length === 0) return { op: 'rewind', turn: parsed.turn };
-  if (rest[0] === '--into' && rest.length === 2) return { op: 'rewind', turn: parsed.turn, into: rest[1] };
+  if (rest.length === 0) return { op: 'rewind', turn };
+  if (rest[0] === '--into' && rest.length === 2) return { op: 'rewind', turn, into: rest[1] };
   return { refusal: refusal('usage', `unexpected "${rest.join(' ')}"; ${USAGE}`) };
 }
 
@@ -61,6 +63,7 @@ export function renderRewind(v) {
   const lines = [
     `rewindfs: rewound the files to the start of turn ${v.turn} (point ${v.target}): ${counts(v)}.`,
     `rewindfs: conversation forked before turn ${v.turn}: continue in session ${v.child} (session ${v.parent} is unchanged).`,
+    `rewindfs: open session ${v.child} to go on there (web UI: the session list, under this workspace); this session's title now starts with "↩ ".`,
     `rewindfs: /redo in session ${v.child} undoes this rewind.`,
   ];
   return lines.concat(renderStopped(v.stopped ?? []), renderFailures(v)).join('\n');

@@ -18,6 +18,7 @@ import { call } from './client.js';
 import { callError, codeOf, refusal } from './errors.js';
 import { forkCut, turnsOf } from './fork.js';
 import { stopWorkOfTurns, TURN_ENV, turnTag } from './jobs.js';
+import { checkFreshFork, markedTitle, unmarkedTitle } from './lineage.js';
 import { defaultStorePath, findSocket, isInside, realpathLoose } from './paths.js';
 
 // REWINDFS_DSH_DEBUG=1 traces every socket call on stderr (for bug reports).
@@ -33,12 +34,14 @@ const SESSION_ID = /^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$/;
 const RELATIVE = /^(?:[-+~^].*|head.*|prev(?:ious)?|last|latest|back)$/i;
 
 /**
- * Parse the turn argument of `/rewind <turn>`: an absolute turn number.
+ * Parse the turn argument of `/rewind <turn>`: an absolute turn number, or a point
+ * id "e<epoch>" as `/rewind` lists and the daemon accepts.
  * @param {string} text - the argument as typed.
- * @returns {{turn: number} | {refusal: {code: string, message: string}}} parsed turn.
+ * @returns {{turn: number} | {point: string} | {refusal: {code: string, message: string}}} parsed turn.
  */
 export function parseTurn(text) {
   if (/^[0-9]+$/.test(text) && Number(text) >= 1 && Number.isSafeInteger(Number(text))) return { turn: Number(text) };
+  if (/^e[0-9]+$/.test(text) && Number.isSafeInteger(Number(text.slice(1)))) return { point: text };
   if (RELATIVE.test(text)) {
     return { refusal: refusal('relative-point', `"${text}" is a relative point; name an absolute turn number (see /rewind)`) };
   }
@@ -203,26 +206,50 @@ export class RewindfsService {
 
   /**
    * Rewind the workspace to the start of `turn` of `agent`'s session: fork the
-   * conversation at that turn's boundary into a child session (after stopping what
-   * turns >= `turn` left running, `stopTurnWork`), tell the store the child's
-   * parent, then rewind the files with `undo_for` = the child (so `/redo` in the
-   * child undoes it).  Refused while the agent runs.
+   * conversation at that turn's boundary into a child session first (or take the
+   * fresh fork `--into` names, see lib/lineage.js) after stopping what turns >= `turn`
+   * left running (`stopTurnWork`), tell the store the child's parent, then rewind the
+   * files with `undo_for` = the child (so `/redo` in the child undoes it), and mark the
+   * parent's title.  Refused while the agent runs.
    * @param {object} agent - the live agent the command was typed in.
-   * @param {number} turn - absolute turn number.
+   * @param {number | string} turn - absolute turn number, or a point id "e<epoch>".
    * @param {{into?: string}} options - the child's session id (default: a fresh one).
    */
   async rewind(agent, turn, options = {}) {
     if (agent.status === 'running') return refuse('busy', 'the agent is running; wait for the turn to finish (or cancel it), then rewind');
+    if (typeof turn === 'string') {
+      const resolved = await this.turnOfPoint(agent, turn);
+      if (!resolved.ok) return resolved;
+      turn = resolved.value;
+    }
     if (!Number.isSafeInteger(turn) || turn < 1) return refuse('bad-turn', `${JSON.stringify(turn)} is not a turn number (turns count from 1)`);
     const into = options.into;
     if (into !== undefined && !SESSION_ID.test(into)) return refuse('bad-session', `"${into}" is not a usable session id (letters, digits, ".", "_", "-")`);
-    if (into !== undefined && await this.sessionExists(into)) {
-      return refuse('session-exists', `session ${into} already exists; pick another name for --into`);
+    const existing = into === undefined ? undefined : await this.existingSession(into);
+    if (existing !== undefined) {
+      const verdict = intoVerdict(existing, agent.id, into, turn);
+      if (!verdict.ok) return verdict;
     }
-    return this.enqueue(agent.id, () => this.rewindNow(agent, turn, into ?? `session-${randomUUID()}`));
+    return this.enqueue(agent.id, () => this.rewindNow(agent, turn, into ?? `session-${randomUUID()}`, existing !== undefined));
   }
 
-  async rewindNow(agent, turn, childId) {
+  /** The turn of point id `text` ("e<epoch>") in `agent`'s session and its ancestry. */
+  async turnOfPoint(agent, text) {
+    const epoch = Number(text.slice(1));
+    const listed = await this.points(agent);
+    if (!listed.ok) return listed;
+    const point = listed.value.points.find((p) => p.epoch === epoch);
+    if (point === undefined) return refuse('unknown-point', `session ${agent.id} has no turn point ${text} (see /rewind)`);
+    return ok(point.turn);
+  }
+
+  /**
+   * @param {object} agent - the parent.
+   * @param {number} turn - absolute turn number.
+   * @param {string} childId - the child's session id.
+   * @param {boolean} forked - the child exists already (a fresh fork, checked); do not fork again.
+   */
+  async rewindNow(agent, turn, childId, forked = false) {
     const cwd = this.cwdOf(agent);
     const events = agent.session.events;
     const cut = forkCut(events, turn);
@@ -243,29 +270,25 @@ export class RewindfsService {
     const work = await this.stopTurnWork(agent, turn);
     if (!work.ok) return work;
     let handle;
-    try {
-      debug(`forking ${agent.id} into ${childId} at event ${cut.cut}`);
-      handle = await this.ctx.agents.create({
-        sessionId: childId,
-        seed: events.slice(0, cut.cut),
-        meta: {
-          ...(agent.session.header?.cwd === undefined ? {} : { cwd: agent.session.header.cwd }),
-          parentSession: agent.id,
-          seedLength: cut.cut,
-          ...(agent.session.header?.agentPreset === undefined ? {} : { agentPreset: agent.session.header.agentPreset }),
-        },
-        agentOptions: agent.options,
-      });
-    } catch (error) {
-      return refuse('fork-failed', `could not fork session ${agent.id} at turn ${turn}: ${error.message}${stoppedNote(work.value.stopped)}`);
+    if (!forked) {
+      try {
+        handle = await this.forkChild(agent, childId, events, cut.cut);
+      } catch (error) {
+        return refuse('fork-failed', `could not fork session ${agent.id} at turn ${turn}: ${error.message}${stoppedNote(work.value.stopped)}`);
+      }
     }
     try {
       await this.rpc(cwd, 'fork', { child: childId, parent: agent.id, boundary_turn: turn });
       const { result } = await this.rpc(cwd, 'rewind', { to: `e${epoch}`, session: agent.id, undo_for: childId });
-      await this.ctx.get('sessions')?.flush(handle.agent.session);
+      if (handle !== undefined) {
+        await this.ctx.get('sessions')?.flush(handle.agent.session);
+        await this.attachToParentWorkspace(agent.id, childId);
+      }
+      this.markRewound(agent.session);
       this.noteStopped(childId, turn, work.value.stopped);
-      return ok({ ...result, turn, target: result.target ?? epoch, parent: agent.id, child: childId, seedLength: cut.cut, stopped: work.value.stopped });
+      return ok({ ...result, turn, target: result.target ?? epoch, parent: agent.id, child: childId, seedLength: cut.cut, forked: !forked, stopped: work.value.stopped });
     } catch (error) {
+      if (handle === undefined) return refuseWith(error, `${error.message} (the files were not rewound)`);
       await handle.dispose().catch(() => {});
       return refuseWith(error, `${error.message} (the files were not rewound; the forked session ${childId} was discarded)${stoppedNote(work.value.stopped)}`);
     }
@@ -308,21 +331,141 @@ export class RewindfsService {
     };
   }
 
-  /** Whether a session with this id is live or persisted (a fork must not overwrite it). */
-  async sessionExists(id) {
-    if (this.ctx.get('sessions')?.get(id) !== undefined || this.ctx.get('agents')?.get(id) !== undefined) return true;
-    const stored = await this.ctx.get('sessionPersistence')?.list().catch(() => []) ?? [];
-    return stored.some((header) => header.id === id);
+  /** Fork `agent`'s conversation into `childId` with the first `cut` events (the host's own fork). */
+  async forkChild(agent, childId, events, cut) {
+    debug(`forking ${agent.id} into ${childId} at event ${cut}`);
+    return this.ctx.agents.create({
+      sessionId: childId,
+      seed: events.slice(0, cut),
+      meta: {
+        ...(agent.session.header?.cwd === undefined ? {} : { cwd: agent.session.header.cwd }),
+        parentSession: agent.id,
+        seedLength: cut,
+        ...(agent.session.header?.agentPreset === undefined ? {} : { agentPreset: agent.session.header.agentPreset }),
+      },
+      agentOptions: agent.options,
+    });
   }
 
-  /** Undo the newest rewind that landed in `agent`'s session. Refused while it runs. */
+  /**
+   * Attach a fork the plugin made itself to its parent's workspace, as the
+   * deployment's own fork does (the web UI lists it there, not under "Ungrouped").
+   * Nothing happens without a workspace registry (headless) or when the parent
+   * belongs to no workspace; a failure is only traced (the rewind has landed).
+   */
+  async attachToParentWorkspace(parentId, childId) {
+    const registry = this.ctx.get('workspaceRegistry');
+    const workspace = registry?.list?.().find((w) => w.sessionIds?.includes(parentId));
+    if (workspace === undefined) return;
+    try {
+      await workspace.attachSession(childId);
+    } catch (error) {
+      debug(`could not attach ${childId} to workspace ${workspace.id}: ${error.message}`);
+    }
+  }
+
+  /**
+   * A live or persisted session: `{header, events}`, or undefined when there is none.
+   * @param {string} id - session id.
+   */
+  async existingSession(id) {
+    const live = this.ctx.get('sessions')?.get(id) ?? this.ctx.get('agents')?.get(id)?.session;
+    if (live !== undefined) return { header: live.header ?? {}, events: [...(live.events ?? [])] };
+    const persistence = this.ctx.get('sessionPersistence');
+    const stored = await persistence?.list().catch(() => []) ?? [];
+    if (!stored.some((header) => header.id === id)) return undefined;
+    const inspected = await persistence.inspect(id).catch(() => undefined);
+    return { header: inspected?.meta ?? stored.find((h) => h.id === id), events: inspected?.events ?? [] };
+  }
+
+  /**
+   * Undo the newest rewind that landed in `agent`'s session, and take the rewound
+   * mark off its parent's title.  Refused while it runs.  In a session a rewind
+   * left, the refusal names the child to /redo in instead of "nothing to redo".
+   */
   async redo(agent) {
     if (agent.status === 'running') return refuse('busy', 'the agent is running; wait for the turn to finish (or cancel it), then redo');
     try {
       const { result } = await this.enqueue(agent.id, () => this.rpc(this.cwdOf(agent), 'redo', { session: agent.id }));
+      this.unmarkParent(agent.session);
       return ok({ ...result, session: agent.id, ...(this.stoppedFor.has(agent.id) ? { notRestarted: this.stoppedFor.get(agent.id) } : {}) });
     } catch (error) {
+      if (codeOf(error) === 'nothing-to-redo') {
+        const child = await this.rewoundInto(agent.id);
+        if (child !== undefined) {
+          return refuse('rewound-elsewhere', `this session was rewound into ${child}; open it and /redo there`);
+        }
+      }
       return refuseWith(error);
+    }
+  }
+
+  /**
+   * Whether a rewind landed in session `id` and was not redone yet (the web UI's
+   * header control asks).  Never throws.  A redo is recorded as an epoch of kind
+   * `redo`, or (older daemons) as a `rewind` whose target is a rewind epoch; the
+   * daemon would redo again after a redo (undoing the redo), which is not what the
+   * control offers.
+   * @param {string} id - session id.
+   * @returns {Promise<{ok: true, value: {session: string, canRedo: boolean, reason?: string}}>} verdict.
+   */
+  async redoState(id) {
+    try {
+      const { result } = await this.enqueue(id, () => this.rpc(this.cwdOfSession(id), 'points', {}));
+      const verdict = redoVerdict(result.points ?? [], id);
+      return ok({ session: id, ...verdict });
+    } catch (error) {
+      return ok({ session: id, canRedo: false, reason: `${codeOf(error)}: ${error.message}` });
+    }
+  }
+
+  /**
+   * The newest fork of session `parentId` that a rewind landed in and that can
+   * still be redone, or undefined.  Asked only on the refusal path of `/redo`.
+   */
+  async rewoundInto(parentId) {
+    for (const child of await this.forksOf(parentId)) {
+      if ((await this.redoState(child)).value.canRedo) return child;
+    }
+    return undefined;
+  }
+
+  /** Ids of the live or persisted sessions whose header names `parentId` as parent. */
+  async forksOf(parentId) {
+    const stored = await this.ctx.get('sessionPersistence')?.list().catch(() => []) ?? [];
+    const live = [...(this.ctx.get('sessions')?.values?.() ?? [])].map((s) => s.header ?? {});
+    const ids = new Set();
+    for (const header of [...live, ...stored]) if (header?.parentSession === parentId && header.id) ids.add(header.id);
+    return [...ids];
+  }
+
+  /** Put the rewound mark on `session`'s title (nothing without a title service). */
+  markRewound(session) {
+    this.retitle(session, markedTitle);
+  }
+
+  /** Take the rewound mark off the title of `session`'s parent, if that is attached. */
+  unmarkParent(session) {
+    const parentId = session?.header?.parentSession;
+    if (parentId === undefined) return;
+    const parent = this.ctx.get('sessions')?.get(parentId) ?? this.ctx.get('agents')?.get(parentId)?.session;
+    if (parent === undefined) {
+      debug(`redo: parent ${parentId} is not attached; its title keeps the rewound mark`);
+      return;
+    }
+    this.retitle(parent, unmarkedTitle);
+  }
+
+  /** Rename `session` to `change(its title)` when that differs; a failure is only traced. */
+  retitle(session, change) {
+    const titles = this.ctx.get('sessionTitle');
+    if (titles === undefined || session === undefined) return;
+    try {
+      const current = titles.get(session)?.title ?? '';
+      const next = change(current);
+      if (next !== current && next.trim() !== '') titles.rename(session, next);
+    } catch (error) {
+      debug(`retitle ${session.id} failed: ${error.message}`);
     }
   }
 
@@ -350,4 +493,33 @@ function stoppedNote(stopped) {
 function pickPoint(points, session, turn) {
   const matching = points.filter((p) => p.kind === 'turn' && p.turn === turn);
   return matching.find((p) => p.session === session) ?? matching[0];
+}
+
+/**
+ * Whether the existing session `into` may take a rewind of `parentId` to `turn`:
+ * `{ok: true}` or a refusal.  A session that is no fork of this one keeps the
+ * `session-exists` refusal; a fork that is not fresh says why.
+ */
+function intoVerdict(existing, parentId, into, turn) {
+  if (existing.header?.parentSession !== parentId) {
+    return refuse('session-exists', `session ${into} already exists; pick another name for --into`);
+  }
+  const verdict = checkFreshFork(existing, parentId, turn);
+  if (verdict.ok) return verdict;
+  return refuse('fork-not-fresh', `session ${into} cannot take this rewind: ${verdict.reason}; fork this session before turn ${turn}, or leave out --into`);
+}
+
+/**
+ * From every epoch of the workspace: can session `id` still undo the rewind that
+ * landed in it?  `{canRedo, reason?}`.
+ */
+export function redoVerdict(epochs, id) {
+  const kindOf = new Map(epochs.map((e) => [e.epoch, e.kind]));
+  const isRedo = (e) => e.kind === 'redo' || (e.kind === 'rewind' && kindOf.get(e.target) === 'rewind');
+  const own = epochs.filter((e) => e.session === id && (e.kind === 'rewind' || e.kind === 'redo'))
+    .sort((a, b) => a.epoch - b.epoch);
+  const last = own.at(-1);
+  if (last === undefined) return { canRedo: false, reason: 'no rewind landed in this session' };
+  if (isRedo(last)) return { canRedo: false, reason: 'the newest rewind here was redone' };
+  return { canRedo: true };
 }

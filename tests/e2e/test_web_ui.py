@@ -1,0 +1,241 @@
+"""rewindfs in the harness's web UI, in a real browser.
+
+Debian's chromium driven by playwright-core (tests/e2e/browser/driver.mjs) against
+``dsh --profile web`` serving a workspace mounted by the real daemon, with the
+plugin installed into the web profile and the scripted model endpoint:
+
+- two turns whose bash calls write files;
+- the rewind control (↺) of turn 2, with its tooltip → the files are byte for byte
+  the tree before turn 2, the child session is open in the page and listed under the
+  workspace (not "Ungrouped"), the parent's title starts with "↩ ";
+- ``/redo`` typed in the parent → refused: rewound into the child;
+- the header's "undo the rewind that landed here" → the tree after turn 2, the mark
+  is gone; "rewind status" → its answer in the transcript;
+- ``/rewind`` typed in the composer; a running turn → the control refuses (busy);
+- ``/rewind 2`` typed in the composer → the host's own fork, listed under the
+  workspace too, the reply naming it.
+
+Screenshots of every step are saved under the test's tmp dir; their paths are printed.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from dshkit import Dsh, MockModel, harness
+from mountkit import mounted
+from treesnap import compare, snapshot
+from webkit import Browser, WebServer, browser_driver
+
+pytestmark = pytest.mark.e2e
+
+P1 = "turn one: create the files"
+P2 = "turn two: change the files"
+P3 = "turn three: wait for the gate"
+P4 = "turn four: a small change"
+DONE1, DONE2, DONE3, DONE4 = "turn one done", "turn two done", "turn three done", "turn four done"
+
+UNDO = '[aria-label="undo the rewind that landed here"]'
+STATUS = '[aria-label="rewind status"]'
+COMPOSER = "textarea"
+COMMAND_VIEW = '[data-rewindfs="command-view"]'
+SESSIONS = '[role="tree"][aria-label="Sessions"]'
+SELECTED = f'{SESSIONS} [role="treeitem"][class*="selected"]'
+PARENT_ROW = f'{SESSIONS} [role="treeitem"]:has-text("↩ ")'
+CHILD_ROW = f'{SESSIONS} [role="treeitem"][class*="sessionRow"]:not(:has-text("↩ "))'
+SIDEBAR_JS = """() => [...document.querySelectorAll('[role="tree"][aria-label="Sessions"] [role="treeitem"]')]
+    .map((row) => row.innerText.split('\\n')[0].trim())"""
+
+
+def bash(command: str) -> dict:
+    return {"name": "bash", "arguments": {"command": command, "description": "scripted step"}}
+
+
+def script(gate) -> dict:
+    return {
+        "title": "web rewind",
+        "turns": {
+            P1: [{"tool_calls": [bash("printf 'one\\n' > notes.txt && head -c 2048 /dev/urandom > data.bin")]},
+                 {"content": DONE1}],
+            P2: [{"tool_calls": [bash("printf 'two\\n' >> notes.txt && rm data.bin && mkdir -p out"
+                                      " && echo made > out/made.txt")]},
+                 {"content": DONE2}],
+            P4: [{"tool_calls": [bash("echo small > small.txt")]}, {"content": DONE4}],
+            P3: [{"tool_calls": [bash(f"while [ ! -e {gate} ]; do sleep 0.05; done; echo late > late.txt")]},
+                 {"content": DONE3}],
+        },
+    }
+
+
+def rewind_control(turn: int) -> str:
+    return f'[aria-label="rewind to before turn {turn}"]'
+
+
+def session_logs(home) -> dict[str, list[dict]]:
+    """Every persisted session: id -> [header, events...] (plain JSONL, see webkit.PLAIN_LOGS)."""
+    out = {}
+    for f in (home / "sessions").glob("*/*/session.jsonl"):
+        lines = [json.loads(line) for line in f.read_text().splitlines() if line.strip()]
+        out[lines[0]["id"]] = lines
+    return out
+
+
+def test_rewind_and_undo_in_the_web_ui(tmp_path, capsys):
+    paths = harness()
+    driver = browser_driver()
+    ws, store, gate = tmp_path / "ws", tmp_path / "store", tmp_path / "gate"
+    ws.mkdir()
+    (ws / "README.md").write_text("# demo\n")
+    with MockModel(script(gate), tmp_path) as model:
+        dsh = Dsh(paths, tmp_path, model, store)
+        dsh.install_plugin(cwd=tmp_path, profile="web")
+        with mounted(ws, store), WebServer(dsh, ws, tmp_path) as web, \
+                Browser(paths["NODE_BIN"], driver, tmp_path / "screenshots") as page:
+            try:
+                run_flow(page, web, dsh, ws, gate)
+            finally:
+                with capsys.disabled():   # the paths belong in the CI log, pass or fail
+                    print(f"\nweb UI screenshots: {', '.join(sorted(map(str, page.shots.glob('*.png'))))}")
+
+
+def open_workspace(page, web, ws):
+    page.do("goto", url=web.url)
+    # A fresh DSH_HOME (every test has one) first shows the testing notice; it may
+    # appear after the page has rendered, so wait for it rather than look once.
+    page.do("click", target='button:has-text("Continue")')
+    page.do("wait", target='button:has-text("Continue")', state="detached")
+    page.do("click", target='button[aria-label="Choose workspace"]')
+    page.do("click", target='button[aria-label="Edit path"]')
+    page.do("fill", target='input[aria-label="Edit path"]', text=str(ws))
+    page.do("press", target='input[aria-label="Edit path"]', key="Enter")
+    page.do("click", target='button:has-text("Open")')
+
+
+def send(page, text: str):
+    """Type `text` into the composer and send it.  For a slash command with an
+    argument hint the first Enter only completes the command name; then a second
+    Enter sends it."""
+    page.do("fill", target=COMPOSER, text=text)
+    page.do("press", target=COMPOSER, key="Enter")
+    if text.startswith("/") and page.do("eval", js=f"() => document.querySelector('{COMPOSER}').value")["value"].strip():
+        page.do("press", target=COMPOSER, key="Enter")
+
+
+def run_flow(page, web, dsh, ws, gate):
+    open_workspace(page, web, ws)
+    send(page, P1)
+    page.do("wait", target=f"text={DONE1}")
+    before_turn2 = snapshot(ws)
+    send(page, P2)
+    page.do("wait", target=f"text={DONE2}")
+    page.do("wait", target=f"{rewind_control(2)}:not([disabled])")
+    after_turn2 = snapshot(ws)
+    assert compare(before_turn2, after_turn2)
+    page.shot("1-two-turns")
+
+    tooltip = page.do("attr", target=rewind_control(2), name="title")["value"]
+    assert re.fullmatch(rf"rewind to before this turn: turn 2 · \d+ files? changed · \d\d:\d\d:\d\d · {P2}", tooltip), tooltip
+    parent = only_session(dsh)
+
+    # The rewind control of turn 2: fork, /rewind 2 --into <child>, open the child.
+    page.do("click", target=rewind_control(2))
+    page.do("wait", target=UNDO)
+    page.shot("2-rewound-into-child")
+    assert compare(before_turn2, snapshot(ws)) == []
+    logs = session_logs(dsh.home)
+    children = [sid for sid, log in logs.items() if log[0].get("parentSession") == parent]
+    assert len(children) == 1, logs.keys()
+    child = children[0]
+    transcript = page.do("text", target="body")["text"]
+    assert P1 in transcript and P2 not in transcript, transcript
+    # Listed under the workspace, selected, and the parent marked.
+    rows = sidebar_rows(page)
+    assert rows[0] == "ws" and sorted(rows[1:]) == ["web rewind", "↩ web rewind"], rows
+    assert "Ungrouped" not in page.do("text", target=SESSIONS)["text"]
+    assert page.do("text", target=SELECTED)["text"].startswith("web rewind")
+
+    # /redo typed in the session that was rewound out of names the child.
+    page.do("click", target=PARENT_ROW)
+    page.do("wait", target=f"text={DONE2}")
+    send(page, "/redo")
+    page.do("wait", target=f"text=this session was rewound into {child}; open it and /redo there")
+    page.shot("3-redo-in-parent-refused")
+    assert page.do("count", target=UNDO)["count"] == 0
+    assert compare(before_turn2, snapshot(ws)) == []
+
+    # Back in the child: the header's undo puts the files of after turn 2 back.
+    page.do("click", target=CHILD_ROW)
+    page.do("click", target=UNDO)
+    page.do("wait", target=UNDO, state="detached")
+    page.do("wait", target=f"text=rewindfs: redo done in session {child}")
+    page.shot("4-undone")
+    assert compare(after_turn2, snapshot(ws)) == []
+    assert sidebar_rows(page) == ["ws", "web rewind", "web rewind"], sidebar_rows(page)
+
+    # "rewind status": its answer lands in the transcript.
+    page.do("click", target=STATUS)
+    page.do("wait", target="text=rewindfs: protecting")
+    page.shot("5-status")
+
+    # /rewind typed in the composer lists the points (inherited ones say so).
+    send(page, "/rewind")
+    listing = f'{COMMAND_VIEW}[data-command="rewind"]:has-text("rewindfs: points of session {child}")'
+    page.do("wait", target=listing)
+    lines = page.do("text", target=f"{listing} pre")["text"].splitlines()
+    assert lines[0] == f"rewindfs: points of session {child} (rewind with /rewind <turn>):", lines
+    assert re.fullmatch(rf"  turn 1  .* \d+ files? changed  {P1}  \(from {parent}\)", lines[1]), lines
+    page.shot("6-typed-rewind")
+
+    before_child_turn2 = check_busy(page, ws, gate)
+    check_typed_rewind(page, ws, before_child_turn2)
+
+
+def check_busy(page, ws, gate):
+    """While a turn runs, the control refuses with the busy reason (nothing forked).
+
+    In the child: its turn 2 (P4), then turn 3 (P3) waits for the gate while the
+    control of turn 2 is clicked.  Returns the tree before the child's turn 2."""
+    before = snapshot(ws)
+    send(page, P4)
+    page.do("wait", target=f"text={DONE4}")
+    page.do("wait", target=f"{rewind_control(2)}:not([disabled])")
+    send(page, P3)
+    page.do("wait", target=f'{rewind_control(2)}[data-rewindfs-running="true"]')
+    page.do("click", target=rewind_control(2))
+    refusal = page.do("text", target='[data-rewindfs="refusal"]')["text"]
+    assert refusal == ("rewindfs: /rewind 2 refused (busy): the agent is running; "
+                       "wait for the turn to finish (or cancel it), then rewind"), refusal
+    page.shot("7-busy-refused")
+    gate.touch()
+    page.do("wait", target=f"text={DONE3}")
+    assert (ws / "late.txt").read_text() == "late\n"
+    assert len(sidebar_rows(page)) == 3, sidebar_rows(page)   # no fork was made
+    return before
+
+
+def check_typed_rewind(page, ws, before_turn2_files):
+    """`/rewind 2` typed in the composer: the host forks, and the fork is listed under
+    the workspace too; the reply names the child and how to open it."""
+    send(page, "/rewind 2")
+    reply = page.do("text", target=f'{COMMAND_VIEW}[data-command="rewind"]:has-text("rewound the files") pre')["text"]
+    assert "rewindfs: open session session-" in reply and "(web UI: the session list, under this workspace" in reply, reply
+    page.shot("8-typed-rewind-2")
+    rows = sidebar_rows(page)
+    assert rows[0] == "ws" and len(rows) == 4 and "Ungrouped" not in page.do("text", target=SESSIONS)["text"], rows
+    assert compare(before_turn2_files, snapshot(ws)) == []
+
+
+def sidebar_rows(page) -> list[str]:
+    """The session tree's rows, top to bottom: workspace rows and session titles."""
+    return page.do("eval", js=SIDEBAR_JS)["value"]
+
+
+def only_session(dsh) -> str:
+    """The one session that has run a turn so far."""
+    ran = [sid for sid, log in session_logs(dsh.home).items()
+           if any(e.get("type") == "turn/start" for e in log[1:])]
+    assert len(ran) == 1, ran
+    return ran[0]
