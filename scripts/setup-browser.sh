@@ -3,7 +3,7 @@
 #
 #   scripts/setup-browser.sh PREFIX
 #
-# The browser itself is Debian's chromium (`apt-get install chromium`, done by .ci/run);
+# The browser itself is Debian's chromium (installed with apt-get when missing, below);
 # this installs only the npm driver, playwright-core, into PREFIX/node_modules (nothing
 # outside PREFIX; the repo's default PREFIX, .browser/, is git-ignored).  playwright-core
 # downloads no browser of its own: the test launches /usr/bin/chromium.
@@ -25,6 +25,19 @@ print_paths() {
     echo "PLAYWRIGHT_CORE=$DRIVER"
     echo "CHROMIUM=$(command -v chromium || echo /usr/bin/chromium)"
 }
+
+# The browser: Debian's chromium, installed when missing (as scripts/setup.sh does for
+# fuse3), so the test command works on a fresh machine without .ci/run.
+if ! command -v chromium >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        log "installing chromium (apt-get)"
+        { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; } >&2 \
+            || { log "chromium install failed"; exit 2; }
+    else
+        log "no chromium: apt-get install chromium (as root)"
+        exit 2
+    fi
+fi
 
 if [ -f "$PREFIX/.stamp" ] && [ "$(cat "$PREFIX/.stamp")" = "$STAMP_PINS" ] && [ -f "$DRIVER/package.json" ]; then
     log "already installed in $PREFIX"

@@ -1,5 +1,5 @@
 """The ``history`` method: the workspace's state tree (``store._tree``), for
-``rewindfs log --tree``.
+``rewindfs log --tree``; and ``redo.state``: what ``redo`` of an owner would undo now.
 
     → {"method": "history", "params": {"session"?: S}}
     ← {"nodes": [{...epoch point fields, "parent", "children", "current", "fork"}, ...]}
@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import trio
 
+from rewindfs.store import NothingToRedo
 from rewindfs.store._session import BadSession
 
 from rewindfs.overlay.control.host import RewindHost
 from rewindfs.overlay.control.wire import opt_str
 
-__all__ = ["METHODS", "history_sync"]
+__all__ = ["METHODS", "history_sync", "redo_state_sync"]
 
 
 def history_sync(ctx: RewindHost, params: dict) -> dict:
@@ -43,4 +44,25 @@ async def history(ctx: RewindHost, params: dict, emit) -> dict:
     return await trio.to_thread.run_sync(history_sync, ctx, params)
 
 
-METHODS = {"history": history}
+def redo_state_sync(ctx: RewindHost, params: dict) -> dict:
+    """``{"session"?: S}`` (the owner; absent: the manual owner) →
+    ``{"can_redo", "rewind", "stale": [point], "reason"}``: the rule of
+    ``store._history`` without planning anything, so a UI may ask on every render.
+    ``can_redo`` is what a plain ``redo`` would do now (a stale one needs ``force``)."""
+    owner = opt_str(params, "session", "redo.state")
+    try:
+        rewind, stale = ctx.store.redo_target(ctx.ws, owner)
+    except NothingToRedo as exc:
+        return {"can_redo": False, "rewind": None, "stale": [], "reason": exc.message}
+    reason = None if not stale else (
+        f"the tree changed after rewind e{rewind.id} (a redo would discard that; "
+        "/rewind to a point instead)")
+    return {"can_redo": not stale, "rewind": rewind.id,
+            "stale": [e.as_point() for e in stale], "reason": reason}
+
+
+async def redo_state(ctx: RewindHost, params: dict, emit) -> dict:
+    return await trio.to_thread.run_sync(redo_state_sync, ctx, params)
+
+
+METHODS = {"history": history, "redo.state": redo_state}

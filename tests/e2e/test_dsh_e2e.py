@@ -174,7 +174,8 @@ def run_session(dsh, model, ws, store, gate):
     assert redo["result"] == "error" and redo["text"].startswith("rewindfs: /redo refused (nothing-to-redo): ")
     rewound = one(recs, line=f"/rewind 2 --into {child}")
     assert rewound["result"] == "success", rewound["text"]
-    assert rewound["text"].startswith("rewindfs: rewound the files to the start of turn 2 (point ")
+    assert rewound["text"].startswith(
+        f"rewindfs: rewound the files to the start of turn 2 — {P2.splitlines()[0]} — e"), rewound["text"]
     assert f"continue in session {child} (session {parent} is unchanged)" in rewound["text"]
 
     # Files: byte for byte the tree before turn 2 (git-ignored build/ included).

@@ -739,3 +739,25 @@ async def test_a_client_gone_mid_stream_costs_only_its_connection(d):
         client.close()                             # gone without reading the rest
     assert sorted(os.listdir("/proc/self/fd")) == fds     # the content was closed too
     assert (await d.call("status"))["mounted"] is True
+
+
+async def test_redo_state_says_what_a_redo_would_undo_without_planning(d):
+    """``redo.state`` (the web UI's header control asks it on every render): the top of
+    the owner's redo stack, and whether the tree changed since (a stale redo)."""
+    await d.put("f", b"v1")
+    t1 = (await d.call("turn.begin", session="p", turn=1, label="one"))["epoch"]
+    await d.put("f", b"v2")
+    await d.call("turn.end", session="p")
+    state = await d.call("redo.state", session="c")
+    assert state == {"can_redo": False, "rewind": None, "stale": [],
+                     "reason": "Nothing to redo: no rewind of session c is left to undo."}
+    done = await d.call("rewind", to=f"e{t1}", session="p", undo_for="c")
+    state = await d.call("redo.state", session="c")
+    assert state["can_redo"] is True and state["rewind"] == done["epoch"]
+    assert (await d.call("redo.state", session="p"))["can_redo"] is False
+    assert (await d.call("redo.state"))["can_redo"] is False     # the manual owner's
+    await d.put("g", b"after the rewind")                        # the tree changes
+    state = await d.call("redo.state", session="c")
+    assert state["can_redo"] is False and state["rewind"] == done["epoch"]
+    assert [p["kind"] for p in state["stale"]] == ["idle"] and "changed" in state["reason"]
+    await d.refused("redo.state", "bad-params", session=7)

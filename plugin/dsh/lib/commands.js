@@ -61,7 +61,7 @@ export function renderPoints({ session, points }) {
 /** The reply to `/rewind <turn>`. */
 export function renderRewind(v) {
   const lines = [
-    `rewindfs: rewound the files to the start of turn ${v.turn} (point ${v.target}): ${counts(v)}.`,
+    `rewindfs: rewound the files to the start of turn ${v.turn}${labelPart(v.target_point)} — e${v.target}: ${counts(v)}.`,
     `rewindfs: conversation forked before turn ${v.turn}: continue in session ${v.child} (session ${v.parent} is unchanged).`,
     `rewindfs: open session ${v.child} to go on there (web UI: the session list, under this workspace); this session's title now starts with "↩ ".`,
     `rewindfs: /redo in session ${v.child} undoes this rewind.`,
@@ -91,12 +91,20 @@ function describeJob(s) {
 
 /** The reply to `/redo`. */
 export function renderRedo(v) {
-  const lines = [`rewindfs: redo done in session ${v.session}: ${counts(v)} (point ${v.target}).`];
+  const undid = v.undid == null ? `point e${v.target}` : `undid rewind e${v.undid}, back to the state it found`;
+  const lines = [`rewindfs: redo done in session ${v.session}: ${undid}: ${counts(v)}.`];
   const gone = v.notRestarted?.stopped ?? [];
   if (gone.length > 0) {
     lines.push(`rewindfs: not restarted: ${plural(gone.length, 'background job')} the rewind to turn ${v.notRestarted.turn} stopped (${gone.map(describeJob).join('; ')}); /redo restores files only.`);
   }
   return lines.concat(renderFailures(v)).join('\n');
+}
+
+/** " — make it per-tenant" from the target point's label (its first line), or "". */
+function labelPart(point) {
+  const label = String(point?.label ?? '').split('\n')[0].trim();
+  if (label === '') return '';
+  return ` — ${label.length > 60 ? `${label.slice(0, 59)}…` : label}`;
 }
 
 /** "3 paths restored (1 re-created, 2 rewritten), 4 deleted" from a rewind result. */

@@ -401,19 +401,17 @@ export class RewindfsService {
   }
 
   /**
-   * Whether a rewind landed in session `id` and was not redone yet (the web UI's
-   * header control asks).  Never throws.  A redo is recorded as an epoch of kind
-   * `redo`, or (older daemons) as a `rewind` whose target is a rewind epoch; the
-   * daemon would redo again after a redo (undoing the redo), which is not what the
-   * control offers.
+   * Whether `/redo` in session `id` would undo a rewind now (the web UI's header
+   * control asks): the daemon's `redo.state` — the store's redo stack of that owner
+   * and whether the tree changed since its top rewind (a stale redo is refused, so
+   * the control is not offered then).  Never throws.
    * @param {string} id - session id.
-   * @returns {Promise<{ok: true, value: {session: string, canRedo: boolean, reason?: string}}>} verdict.
+   * @returns {Promise<{ok: true, value: {session: string, canRedo: boolean, rewind?: number, reason?: string}}>} verdict.
    */
   async redoState(id) {
     try {
-      const { result } = await this.enqueue(id, () => this.rpc(this.cwdOfSession(id), 'points', {}));
-      const verdict = redoVerdict(result.points ?? [], id);
-      return ok({ session: id, ...verdict });
+      const { result } = await this.enqueue(id, () => this.rpc(this.cwdOfSession(id), 'redo.state', { session: id }));
+      return ok({ session: id, canRedo: result.can_redo === true, ...(result.rewind == null ? {} : { rewind: result.rewind }), ...(result.reason == null ? {} : { reason: result.reason }) });
     } catch (error) {
       return ok({ session: id, canRedo: false, reason: `${codeOf(error)}: ${error.message}` });
     }
@@ -509,17 +507,3 @@ function intoVerdict(existing, parentId, into, turn) {
   return refuse('fork-not-fresh', `session ${into} cannot take this rewind: ${verdict.reason}; fork this session before turn ${turn}, or leave out --into`);
 }
 
-/**
- * From every epoch of the workspace: can session `id` still undo the rewind that
- * landed in it?  `{canRedo, reason?}`.
- */
-export function redoVerdict(epochs, id) {
-  const kindOf = new Map(epochs.map((e) => [e.epoch, e.kind]));
-  const isRedo = (e) => e.kind === 'redo' || (e.kind === 'rewind' && kindOf.get(e.target) === 'rewind');
-  const own = epochs.filter((e) => e.session === id && (e.kind === 'rewind' || e.kind === 'redo'))
-    .sort((a, b) => a.epoch - b.epoch);
-  const last = own.at(-1);
-  if (last === undefined) return { canRedo: false, reason: 'no rewind landed in this session' };
-  if (isRedo(last)) return { canRedo: false, reason: 'the newest rewind here was redone' };
-  return { canRedo: true };
-}

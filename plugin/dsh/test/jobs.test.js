@@ -156,3 +156,15 @@ test('/rewind status names the late writes the daemon saw', () => {
     'rewindfs: late write: pid 43 (cp, child of pid 40) changed b after a rewind removed turn 2 of session s1, which started it',
   ]);
 });
+
+test('the rewind and redo replies name the point and the turn label', async () => {
+  const { renderRewind } = await import('../lib/commands.js');
+  const rewound = renderRewind({
+    turn: 2, target: 4, child: 'c', parent: 'p', written: 1, created: 0, deleted: 0,
+    target_point: { epoch: 4, kind: 'turn', turn: 2, label: 'make it per-tenant\nand more' },
+  });
+  assert.equal(rewound.split('\n')[0],
+    'rewindfs: rewound the files to the start of turn 2 — make it per-tenant — e4: 1 path restored (0 re-created, 1 rewritten), 0 deleted.');
+  const redone = renderRedo({ session: 'c', undid: 9, target: 9, written: 0, created: 1, deleted: 0 });
+  assert.ok(redone.startsWith('rewindfs: redo done in session c: undid rewind e9, back to the state it found: '), redone);
+});

@@ -11,7 +11,7 @@ import vm from 'node:vm';
 import { parseRewind } from '../lib/commands.js';
 import { DEFAULTS } from '../lib/config.js';
 import { checkFreshFork, markedTitle, REWOUND_PREFIX, unmarkedTitle } from '../lib/lineage.js';
-import { parseTurn, redoVerdict, RewindfsService } from '../lib/service.js';
+import { parseTurn, RewindfsService } from '../lib/service.js';
 import { registerWebRoutes } from '../lib/web.js';
 
 const ROOT = join(dirname(fileURLToPath(import.meta.url)), '..');
@@ -177,16 +177,6 @@ test('the rewound mark goes on once and comes off', () => {
   assert.equal(markedTitle('↩ fix auth'), '↩ fix auth');
   assert.equal(unmarkedTitle('↩ fix auth'), 'fix auth');
   assert.equal(unmarkedTitle('fix auth'), 'fix auth');
-});
-
-test('redo verdict: a rewind landed and was not redone', () => {
-  const e = (epoch, kind, session, target = null) => ({ epoch, kind, session, target });
-  const base = [e(2, 'turn', 'p'), e(4, 'turn', 'p'), e(6, 'rewind', 'c', 4)];
-  assert.deepEqual(redoVerdict(base, 'c'), { canRedo: true });
-  assert.deepEqual(redoVerdict(base, 'p'), { canRedo: false, reason: 'no rewind landed in this session' });
-  assert.equal(redoVerdict([...base, e(8, 'rewind', 'c', 6)], 'c').canRedo, false, 'a rewind to a rewind is a redo');
-  assert.equal(redoVerdict([...base, e(8, 'redo', 'c', 6)], 'c').canRedo, false);
-  assert.equal(redoVerdict([...base, e(8, 'redo', 'c', 6), e(10, 'rewind', 'c', 4)], 'c').canRedo, true, 'rewound again');
 });
 
 test('point ids are taken verbatim where a turn number is', () => {
