@@ -95,12 +95,12 @@ window.__ModuleLoader__.load({
       const point = pointOfTurn(points, turn, sessionId);
       if (point === undefined) return disabled('no rewind point (this turn ran unprotected, or before the workspace was mounted)');
       const atSeq = forkAnchor(snapshot, turn);
-      if (atSeq === undefined) {
-        return disabled(turn === 1
-          ? 'the web fork cannot cut before the first turn; type /rewind 1 to rewind it'
-          : `turn ${turn - 1} is not loaded; scroll up, or type /rewind ${turn}`);
-      }
-      return { turn, enabled: true, tooltip: `rewind to before this turn: ${describePoint(point)}`, atSeq };
+      const tooltip = `rewind to before this turn: ${describePoint(point)}`;
+      // The web fork cannot cut an empty history: turn 1 lets the host fork (once),
+      // which attaches the child to the workspace just as the web fork does.
+      if (turn === 1) return { turn, enabled: true, tooltip, atSeq: undefined };
+      if (atSeq === undefined) return disabled(`turn ${turn - 1} is not loaded; scroll up, or type /rewind ${turn}`);
+      return { turn, enabled: true, tooltip, atSeq };
     }
 
     /** A refusal as the host words it, for refusals the client finds first. */
@@ -154,7 +154,8 @@ window.__ModuleLoader__.load({
     /**
      * The three steps of a rewind picked in the transcript, in this order: fork
      * (the deployment's own), `/rewind <turn> --into <child>` in the parent, open
-     * the child.  Refused before the fork while the agent runs.
+     * the child.  Refused before the fork while the agent runs.  Turn 1 (no
+     * `atSeq`: the web fork cannot cut an empty history): `rewindWithHostFork`.
      * @param {object} sessions - ctx.sessions.
      * @returns {Promise<{ok: true, child: string, text?: string} | {ok: false, text: string, child?: string}>} result.
      */
@@ -163,6 +164,7 @@ window.__ModuleLoader__.load({
       const session = sessions.binding(sessionId)?.session;
       if (session === undefined) return { ok: false, text: refusalText(verb, 'error', `session ${sessionId} is not open in this page`) };
       if (session.getSnapshot().running) return { ok: false, text: refusalText(verb, 'busy', BUSY) };
+      if (atSeq === undefined) return rewindWithHostFork(sessions, session, turn);
       let child;
       try {
         child = await sessions.fork({ sessionId, atSeq });
@@ -175,9 +177,28 @@ window.__ModuleLoader__.load({
       return { ok: true, child, text: outcome.text };
     }
 
+    /**
+     * Turn 1 (the web fork cannot cut before it): `/rewind 1` lets the host fork the
+     * empty history itself (attached to the workspace), and the reply names the child
+     * ("continue in session <child>"), which is then opened.
+     */
+    async function rewindWithHostFork(sessions, session, turn) {
+      const outcome = await runCommand(session, 'rewind', String(turn));
+      if (outcome.kind !== 'success') return { ok: false, text: outcome.text ?? refusalText(`/rewind ${turn}`, 'error', 'refused') };
+      const child = childOfReply(outcome.text);
+      if (child === undefined) return { ok: false, text: `${outcome.text ?? ''}\nrewindfs: the reply names no session to open; open the newest session of this workspace` };
+      sessions.open(child);
+      return { ok: true, child, text: outcome.text };
+    }
+
+    /** The child session a `/rewind` reply names ("continue in session <id> (…"). */
+    function childOfReply(text) {
+      return /continue in session (\S+) \(/.exec(text ?? '')?.[1];
+    }
+
     const logic = {
       BUSY, REWOUND_PREFIX, turnOfMessage, forkAnchor, pointOfTurn, describePoint, controlState,
-      refusalText, commandOutcome, waitForOutcome, runCommand, rewindToTurn,
+      refusalText, commandOutcome, waitForOutcome, runCommand, rewindToTurn, childOfReply,
     };
 
     // ---- host routes -----------------------------------------------------------

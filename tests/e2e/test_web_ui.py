@@ -13,7 +13,9 @@ plugin installed into the web profile and the scripted model endpoint:
   is gone; "rewind status" → its answer in the transcript;
 - ``/rewind`` typed in the composer; a running turn → the control refuses (busy);
 - ``/rewind 2`` typed in the composer → the host's own fork, listed under the
-  workspace too, the reply naming it.
+  workspace too, the reply naming it;
+- the rewind control of turn 1 (the web fork cannot cut an empty history, so the host
+  forks once) → the files before turn 1, that child open in the page.
 
 Screenshots of every step are saved under the test's tmp dir; their paths are printed.
 """
@@ -126,6 +128,7 @@ def send(page, text: str):
 
 def run_flow(page, web, dsh, ws, gate):
     open_workspace(page, web, ws)
+    before_turn1 = snapshot(ws)
     send(page, P1)
     page.do("wait", target=f"text={DONE1}")
     before_turn2 = snapshot(ws)
@@ -191,6 +194,21 @@ def run_flow(page, web, dsh, ws, gate):
 
     before_child_turn2 = check_busy(page, ws, gate)
     check_typed_rewind(page, ws, before_child_turn2)
+    check_turn_one(page, ws, before_turn1)
+
+
+def check_turn_one(page, ws, before_turn1):
+    """The control of turn 1: `/rewind 1` with the host's fork, then that child opens."""
+    page.do("wait", target=f"{rewind_control(1)}:not([disabled])")
+    page.do("click", target=rewind_control(1))
+    # The child holds no turn yet: the page shows it as an empty session (the composer
+    # of a fresh session; there is no header to hold the undo control).
+    page.do("wait", target=f'{SELECTED}:has-text("New Session")')
+    page.do("wait", target=f"text={DONE1}", state="detached")
+    page.shot("9-turn-one")
+    assert compare(before_turn1, snapshot(ws)) == []
+    rows = sidebar_rows(page)
+    assert len(rows) == 5 and "Ungrouped" not in page.do("text", target=SESSIONS)["text"], rows
 
 
 def check_busy(page, ws, gate):

@@ -85,8 +85,9 @@ test('a message maps to its turn; the fork anchor is the previous turn\'s end', 
 test('the control: tooltip of the point, or disabled with the reason', () => {
   const state = (messageId, extra = {}) => logic.controlState({ snapshot: SNAPSHOT, sessionId: 'p', messageId, points: POINTS, ...extra });
   assert.deepEqual(state('m2'), { turn: 2, enabled: true, atSeq: 11, tooltip: 'rewind to before this turn: turn 2 · 4 files changed · 09:18:41 · make it per-tenant' });
-  assert.equal(state('m1b').enabled, false);
-  assert.match(state('m1b').tooltip, /^turn 1: the web fork cannot cut before the first turn; type \/rewind 1/);
+  assert.deepEqual(state('m1b'), { turn: 1, enabled: true, atSeq: undefined,   // the host forks
+    tooltip: state('m1b').tooltip });
+  assert.match(state('m1b').tooltip, /^rewind to before this turn: turn 1 · /);
   assert.match(state('m2', { points: POINTS.slice(0, 1) }).tooltip, /^turn 2: no rewind point \(this turn ran unprotected/);
   assert.match(state('m2', { points: undefined }).tooltip, /loading/);
   assert.match(state('m2', { pointsError: 'not-mounted: /x is not inside' }).tooltip, /cannot rewind here: not-mounted/);
@@ -129,6 +130,19 @@ test('picking a turn: fork, then /rewind --into the child in the parent, then op
   const result = await logic.rewindToTurn(sessions, { sessionId: 'p', turn: 2, atSeq: 11 });
   assert.deepEqual(result, { ok: true, child: 'child-1', text: 'rewindfs: rewound' });
   assert.deepEqual(sessions.calls, ['fork {"sessionId":"p","atSeq":11}', 'command /rewind 2 --into child-1', 'open child-1']);
+});
+
+test('turn 1: /rewind 1 lets the host fork once, and the child its reply names is opened', async () => {
+  const reply = { kind: 'success', text: 'rewindfs: rewound the files to the start of turn 1 — e2: …\nrewindfs: conversation forked before turn 1: continue in session session-7f (session p is unchanged).' };
+  const sessions = fakeSessions({ reply });
+  const result = await logic.rewindToTurn(sessions, { sessionId: 'p', turn: 1, atSeq: undefined });
+  assert.deepEqual(result, { ok: true, child: 'session-7f', text: reply.text });
+  assert.deepEqual(sessions.calls, ['command /rewind 1', 'open session-7f'], 'no web fork, one host fork');
+  const refused = fakeSessions({ reply: { kind: 'error', text: 'rewindfs: /rewind 1 refused (busy): …' } });
+  assert.deepEqual(await logic.rewindToTurn(refused, { sessionId: 'p', turn: 1 }),
+    { ok: false, text: 'rewindfs: /rewind 1 refused (busy): …' });
+  assert.equal(refused.calls.some((c) => c.startsWith('open')), false);
+  assert.equal(logic.childOfReply('no child here'), undefined);
 });
 
 test('refusals are shown, and nothing is opened', async () => {
