@@ -89,6 +89,9 @@ run "$RW" rewind 3 --session demo
 NOW=$(cd "$WS" && find . -type f -not -path './.git/*' -print0 | LC_ALL=C sort -z | xargs -0 sha256sum | sha256sum)
 [ "$NOW" = "$AFTER_TURN2" ] && echo "  ✓ identical to the tree after turn 2"
 
+step "the history as a tree: every row is a point (@ now, ↺ rewind, ↻ redo)"
+run "$RW" log --tree
+
 step "unmount"
 cd /
 run "$RW" unmount "$WS"
