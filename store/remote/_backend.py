@@ -1,0 +1,165 @@
+"""The backend seam: the five object operations the remote needs, and S3 behind them.
+
+Contract of a backend (``S3Backend`` is the one real implementation):
+
+- ``put(key, data)`` stores ``data`` under ``key`` atomically (a reader sees the old
+  object, none, or all of the new one — S3 PUT semantics);
+- ``put_if_absent(key, data)`` creates ``key`` only if no object is there
+  (``If-None-Match: *``) and returns False if one was.  A server that ignores the header
+  overwrites and returns True: ``probe_conditional`` finds out which kind of server it
+  is (the lease depends on it, see ``_lease``);
+- ``get(key)`` returns the bytes (``RemoteObjectMissing`` if there is none);
+  ``head(key)`` the size or None; ``list(prefix)`` every key under ``prefix`` with its
+  size, in key order; ``delete(key)`` removes it (missing is fine).
+
+Keys are relative to the remote's prefix.  Every failure that is not "no such object"
+leaves as ``RemoteUnreachable`` (network, refused credentials, no bucket), so callers
+handle one error, and a push interrupted by it resumes on the next run.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import secrets
+from dataclasses import dataclass
+
+from .._errors import BadRemoteUrl, RemoteObjectMissing, RemoteUnreachable
+
+log = logging.getLogger(__name__)
+
+_URL = re.compile(r"s3://([a-z0-9][a-z0-9.\-]{1,61}[a-z0-9])(?:/(.*))?")
+
+
+@dataclass(frozen=True)
+class RemoteConfig:
+    """A remote as the store keeps it (never a secret: credentials come from the AWS
+    chain — environment, config files, profiles — when a client is made)."""
+
+    name: str
+    url: str
+    endpoint: str | None = None
+    region: str | None = None
+    conditional: bool | None = None    # does the server honour If-None-Match (probed)
+
+    @property
+    def bucket(self) -> str:
+        return parse_url(self.url)[0]
+
+    @property
+    def prefix(self) -> str:
+        return parse_url(self.url)[1]
+
+    def as_dict(self) -> dict:
+        return {"name": self.name, "url": self.url, "endpoint": self.endpoint,
+                "region": self.region, "conditional": self.conditional}
+
+
+def parse_url(url: str) -> tuple[str, str]:
+    """``s3://BUCKET/PREFIX`` → (bucket, prefix without slashes at either end)."""
+    m = _URL.fullmatch(url or "")
+    if m is None:
+        raise BadRemoteUrl(url=url, reason="expected s3://BUCKET or s3://BUCKET/PREFIX")
+    prefix = (m.group(2) or "").strip("/")
+    if any(part in (".", "..") for part in prefix.split("/") if part) or "//" in prefix:
+        raise BadRemoteUrl(url=url, reason="the prefix has an empty, '.' or '..' part")
+    return m.group(1), prefix
+
+
+class S3Backend:
+    """Objects in ``bucket`` under ``prefix``, through boto3 (path-style addressing when
+    an endpoint is given, as MinIO, Ceph RGW and ``rclone serve s3`` want)."""
+
+    def __init__(self, config: RemoteConfig):
+        import boto3
+        from botocore.config import Config
+
+        self.config = config
+        self.bucket, prefix = parse_url(config.url)
+        self._prefix = prefix + "/" if prefix else ""
+        style = {"addressing_style": "path"} if config.endpoint else {}
+        self._client = boto3.session.Session().client(
+            "s3", endpoint_url=config.endpoint, region_name=config.region or None,
+            config=Config(s3=style, retries={"max_attempts": 3, "mode": "standard"},
+                          connect_timeout=10, read_timeout=60))
+
+    def _key(self, key: str) -> str:
+        return self._prefix + key
+
+    def _call(self, what: str, key: str, fn, **kw):
+        from botocore.exceptions import BotoCoreError, ClientError
+        try:
+            return fn(Bucket=self.bucket, **kw)
+        except ClientError as exc:
+            code = str(exc.response.get("Error", {}).get("Code", ""))
+            status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            if code in ("NoSuchKey", "404", "NotFound") or status == 404 and what != "list":
+                raise RemoteObjectMissing(key=key) from None
+            if code in ("PreconditionFailed", "412") or status == 412:
+                raise _Exists() from None
+            raise RemoteUnreachable(remote=self.config.name, reason=f"{what} {key}: {code or status}: {exc}") from None
+        except (BotoCoreError, OSError) as exc:
+            raise RemoteUnreachable(remote=self.config.name, reason=f"{what} {key}: {exc}") from None
+
+    def put(self, key: str, data: bytes) -> None:
+        self._call("put", key, self._client.put_object, Key=self._key(key), Body=data)
+
+    def put_if_absent(self, key: str, data: bytes) -> bool:
+        try:
+            self._call("put", key, self._client.put_object, Key=self._key(key), Body=data,
+                       IfNoneMatch="*")
+        except _Exists:
+            return False
+        return True
+
+    def get(self, key: str) -> bytes:
+        resp = self._call("get", key, self._client.get_object, Key=self._key(key))
+        from botocore.exceptions import BotoCoreError
+        try:
+            return resp["Body"].read()
+        except (BotoCoreError, OSError) as exc:
+            raise RemoteUnreachable(remote=self.config.name, reason=f"get {key}: {exc}") from None
+
+    def head(self, key: str) -> int | None:
+        try:
+            resp = self._call("head", key, self._client.head_object, Key=self._key(key))
+        except RemoteObjectMissing:
+            return None
+        return int(resp["ContentLength"])
+
+    def list(self, prefix: str = "") -> list[tuple[str, int]]:
+        out, token = [], None
+        while True:
+            kw = {"Prefix": self._key(prefix)}
+            if token:
+                kw["ContinuationToken"] = token
+            resp = self._call("list", prefix, self._client.list_objects_v2, **kw)
+            out += [(o["Key"][len(self._prefix):], int(o["Size"]))
+                    for o in resp.get("Contents", ())]
+            if not resp.get("IsTruncated"):
+                return sorted(out)
+            token = resp["NextContinuationToken"]
+
+    def delete(self, key: str) -> None:
+        self._call("delete", key, self._client.delete_object, Key=self._key(key))
+
+
+class _Exists(Exception):
+    """A conditional create found an object in place (HTTP 412)."""
+
+
+def open_backend(config: RemoteConfig) -> S3Backend:
+    return S3Backend(config)
+
+
+def probe_conditional(backend) -> bool:
+    """True if the server refuses a second ``If-None-Match: *`` create of one key (AWS
+    S3 does; ``rclone serve s3`` 1.75 overwrites).  Writes and removes one probe
+    object."""
+    key = f"probe/{secrets.token_hex(8)}-{os.getpid()}"
+    try:
+        backend.put_if_absent(key, b"1")
+        return not backend.put_if_absent(key, b"2")
+    finally:
+        backend.delete(key)
