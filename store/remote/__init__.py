@@ -12,12 +12,13 @@ Restoring a tree onto a directory is the overlay's (``overlay.cli.remote``): it 
 the fetched history with the restore engine.
 """
 
-from ._backend import RemoteConfig, S3Backend, open_backend, parse_url, probe_conditional
+from ._backend import (DirBackend, RemoteConfig, S3Backend, open_backend, parse_url,
+                       probe_conditional)
 from ._fetch import BlobProblem, fetch_blobs, wanted_blobs
 from ._index import RemoteWorkspace, read_workspace, workspace_ids
 from ._lease import Lease
 from ._push import PushReport, push_workspace
 
-__all__ = ["BlobProblem", "Lease", "PushReport", "RemoteConfig", "RemoteWorkspace",
+__all__ = ["BlobProblem", "DirBackend", "Lease", "PushReport", "RemoteConfig", "RemoteWorkspace",
            "S3Backend", "fetch_blobs", "open_backend", "parse_url", "probe_conditional",
            "push_workspace", "read_workspace", "wanted_blobs", "workspace_ids"]

@@ -12,7 +12,8 @@ Contract of a backend (``S3Backend`` is the one real implementation):
   ``head(key)`` the size or None; ``list(prefix)`` every key under ``prefix`` with its
   size, in key order; ``delete(key)`` removes it (missing is fine).
 
-Keys are relative to the remote's prefix.  Every failure that is not "no such object"
+Keys are relative to the remote's prefix.  ``DirBackend`` (files in a local directory,
+conditional create honoured) exists for tests of the logic above the seam.  Every failure that is not "no such object"
 leaves as ``RemoteUnreachable`` (network, refused credentials, no bucket), so callers
 handle one error, and a push interrupted by it resumes on the next run.
 """
@@ -61,8 +62,9 @@ def parse_url(url: str) -> tuple[str, str]:
     m = _URL.fullmatch(url or "")
     if m is None:
         raise BadRemoteUrl(url=url, reason="expected s3://BUCKET or s3://BUCKET/PREFIX")
-    prefix = (m.group(2) or "").strip("/")
-    if any(part in (".", "..") for part in prefix.split("/") if part) or "//" in prefix:
+    raw = m.group(2) or ""
+    prefix = raw.strip("/")
+    if raw.startswith("/") or "//" in raw or any(p in (".", "..") for p in prefix.split("/")):
         raise BadRemoteUrl(url=url, reason="the prefix has an empty, '.' or '..' part")
     return m.group(1), prefix
 
@@ -148,6 +150,72 @@ class S3Backend:
 
     def delete(self, key: str) -> None:
         self._call("delete", key, self._client.delete_object, Key=self._key(key))
+
+
+class DirBackend:
+    """Objects as files under a local directory, with a conditional create that is
+    honoured (``O_EXCL`` on the final name after a unique temp write): for tests of the
+    logic above the seam (the lease's conditional path, which ``rclone serve s3``
+    cannot exercise).  Same contract as ``S3Backend``; not offered to users."""
+
+    def __init__(self, root, name: str = "dir"):
+        self.root = os.fspath(root)
+        self.config = RemoteConfig(name, "s3://local-dir", conditional=True)
+
+    def _path(self, key: str) -> str:
+        if not key or key.startswith("/") or ".." in key.split("/"):
+            raise BadRemoteUrl(url=key, reason="not an object key")
+        return os.path.join(self.root, key)
+
+    def _write_temp(self, key: str, data: bytes) -> str:
+        path = self._path(key)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = f"{path}.tmp-{secrets.token_hex(6)}"
+        with open(tmp, "wb") as f:
+            f.write(data)
+        return tmp
+
+    def put(self, key: str, data: bytes) -> None:
+        os.replace(self._write_temp(key, data), self._path(key))
+
+    def put_if_absent(self, key: str, data: bytes) -> bool:
+        tmp = self._write_temp(key, data)
+        try:
+            os.link(tmp, self._path(key))      # fails if the name exists: atomic
+        except FileExistsError:
+            return False
+        finally:
+            os.unlink(tmp)
+        return True
+
+    def get(self, key: str) -> bytes:
+        try:
+            with open(self._path(key), "rb") as f:
+                return f.read()
+        except FileNotFoundError:
+            raise RemoteObjectMissing(key=key) from None
+
+    def head(self, key: str) -> int | None:
+        try:
+            return os.stat(self._path(key)).st_size
+        except FileNotFoundError:
+            return None
+
+    def list(self, prefix: str = "") -> list[tuple[str, int]]:
+        out = []
+        for dirpath, _dirs, files in os.walk(self.root):
+            for name in files:
+                full = os.path.join(dirpath, name)
+                key = os.path.relpath(full, self.root)
+                if key.startswith(prefix) and ".tmp-" not in name:
+                    out.append((key, os.stat(full).st_size))
+        return sorted(out)
+
+    def delete(self, key: str) -> None:
+        try:
+            os.unlink(self._path(key))
+        except FileNotFoundError:
+            pass
 
 
 class _Exists(Exception):
