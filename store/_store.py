@@ -359,6 +359,14 @@ class Store:
         self._check_usable()
         return self.blobs.put_bytes(data)
 
+    def blob_file(self, key: bytes) -> str | None:
+        """The file holding blob ``key`` when it is kept as one (never write to it),
+        else None (inline); ``BlobMissing``.  For streaming a large blob elsewhere; its
+        reader verifies it (or reads it through ``iter_blob``, which does)."""
+        self._check_usable()
+        entry = self.blobs.entry(key)
+        return self.blobs.file_path(key) if entry[1] == S.FILE else None
+
     def read_blob(self, key: bytes) -> bytes:
         self._check_usable()
         return self.blobs.read(key)

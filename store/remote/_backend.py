@@ -8,6 +8,8 @@ Contract of a backend (``S3Backend`` is the one real implementation):
   (``If-None-Match: *``) and returns False if one was.  A server that ignores the header
   overwrites and returns True: ``probe_conditional`` finds out which kind of server it
   is (the lease depends on it, see ``_lease``);
+- ``put_file(key, path)`` / ``get_file(key, path)``: the same for a large object,
+  streamed from or into a local file (never whole in memory);
 - ``get(key)`` returns the bytes (``RemoteObjectMissing`` if there is none);
   ``head(key)`` the size or None; ``list(prefix)`` every key under ``prefix`` with its
   size, in key order; ``delete(key)`` removes it (missing is fine).
@@ -128,6 +130,29 @@ class S3Backend:
         except (BotoCoreError, OSError) as exc:
             raise RemoteUnreachable(remote=self.config.name, reason=f"get {key}: {exc}") from None
 
+    def put_file(self, key: str, path: str) -> None:
+        """Upload the file at ``path`` (multipart above 8 MiB, never whole in memory)."""
+        self._transfer("put", key, self._client.upload_file, path, self.bucket, self._key(key))
+
+    def get_file(self, key: str, path: str) -> None:
+        """Download ``key`` into the file at ``path`` (streamed)."""
+        self._transfer("get", key, self._client.download_file, self.bucket, self._key(key),
+                       path)
+
+    def _transfer(self, what: str, key: str, fn, *args) -> None:
+        from boto3.exceptions import Boto3Error
+        from botocore.exceptions import BotoCoreError, ClientError
+        try:
+            fn(*args)
+        except ClientError as exc:
+            status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            code = str(exc.response.get("Error", {}).get("Code", ""))
+            if status == 404 or code in ("404", "NoSuchKey", "NotFound"):
+                raise RemoteObjectMissing(key=key) from None
+            raise RemoteUnreachable(remote=self.config.name, reason=f"{what} {key}: {exc}") from None
+        except (Boto3Error, BotoCoreError, OSError) as exc:
+            raise RemoteUnreachable(remote=self.config.name, reason=f"{what} {key}: {exc}") from None
+
     def head(self, key: str) -> int | None:
         try:
             resp = self._call("head", key, self._client.head_object, Key=self._key(key))
@@ -187,6 +212,14 @@ class DirBackend:
         finally:
             os.unlink(tmp)
         return True
+
+    def put_file(self, key: str, path: str) -> None:
+        with open(path, "rb") as f:
+            self.put(key, f.read())
+
+    def get_file(self, key: str, path: str) -> None:
+        with open(path, "wb") as f:
+            f.write(self.get(key))
 
     def get(self, key: str) -> bytes:
         try:

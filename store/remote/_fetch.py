@@ -14,11 +14,14 @@ Contract:
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import logging
+import os
 from dataclasses import dataclass
 
 from .._errors import BlobMissing, RemoteObjectCorrupt, RemoteObjectMissing
-from ._objects import RAW, blob_name, unpack_entry
+from ._objects import PACK_LIMIT, RAW, blob_name, unpack_entry
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +57,12 @@ def fetch_blobs(store, backend, remote, keys, *, progress=None) -> list[BlobProb
         by_object.setdefault(name, []).append((key, sha, size, where))
     done = 0
     for name, rows in sorted(by_object.items()):
+        if len(rows) == 1 and rows[0][3][0] == "b" and rows[0][2] >= PACK_LIMIT:
+            problems += _fetch_file(store, backend, name, *rows[0][:3])
+            done += 1
+            if progress is not None:
+                progress(done, len(todo), rows[0][2])
+            continue
         try:
             body = backend.get(name)
         except (RemoteObjectMissing, RemoteObjectCorrupt) as exc:
@@ -65,6 +74,33 @@ def fetch_blobs(store, backend, remote, keys, *, progress=None) -> list[BlobProb
         if progress is not None:
             progress(done, len(todo), len(body))
     return problems
+
+
+def _fetch_file(store, backend, name: str, key, sha, size) -> list[BlobProblem]:
+    """A large blob object streamed into the store's temp area, verified there, then
+    adopted as the blob file (no second copy)."""
+    tmp = store.adoption_path()
+    try:
+        backend.get_file(name, tmp)
+        h, n = hashlib.sha256(), 0
+        with open(tmp, "rb") as f:
+            while chunk := f.read(1 << 20):
+                h.update(chunk)
+                n += len(chunk)
+        if n != size or h.digest() != sha:
+            return [BlobProblem(key, name, "remote-object-corrupt",
+                                f"Object {name} on the remote is corrupt: it does not "
+                                "match its hash")]
+        got, _n = store.put_adopted(tmp)     # consumes the name
+        if got != key:
+            return [BlobProblem(key, name, "remote-object-corrupt",
+                                "its content is not the blob the history names")]
+        return []
+    except (RemoteObjectMissing, RemoteObjectCorrupt) as exc:
+        return [BlobProblem(key, name, exc.code, exc.message)]
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
 
 
 def _store_one(store, name: str, body: bytes, key, sha, size, where) -> list[BlobProblem]:
