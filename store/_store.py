@@ -467,13 +467,21 @@ class Store:
         with self._r() as txn:
             return _transfer.export(txn, self._db, ws)
 
-    def import_history(self, ws, history, *, label: str, head, point=None, session=None):
+    def import_history(self, ws, history, *, label: str, head, point=None, session=None,
+                       dry_run: bool = False):
         """Write ``history`` into ``ws`` (no history yet), open an ``idle`` epoch
         holding ``head`` and resolve ``point``: (offset, that epoch, point's epoch id);
-        one transaction, all or nothing (``_transfer.import_into``)."""
-        with self._w() as txn:
-            return _transfer.import_into(txn, self._db, ws, history, label=label, head=head,
-                                         point=point, session=session)
+        one transaction, all or nothing (``_transfer.import_into``).  ``dry_run``:
+        the same checks and answer, then the transaction is aborted (nothing written)."""
+        try:
+            with self._w() as txn:
+                result = _transfer.import_into(txn, self._db, ws, history, label=label,
+                                               head=head, point=point, session=session)
+                if dry_run:
+                    raise _transfer.Rollback(result)
+                return result
+        except _transfer.Rollback as done:
+            return done.result
 
     def store_id(self) -> str:
         with self._w() as txn:

@@ -38,6 +38,14 @@ class History:
     damaged: list = field(default_factory=list)          # [(epoch, path)] not exported
 
 
+class Rollback(Exception):
+    """Raised inside a write transaction to abort it on purpose, carrying a result."""
+
+    def __init__(self, result):
+        super().__init__("rolled back")
+        self.result = result
+
+
 def export(txn, db, ws: int) -> History:
     out = History(epochs=_epoch.all_of(txn, db, ws))
     for eid, path, img in _journal.entries_from(txn, db, ws, 0):
@@ -108,8 +116,8 @@ def import_into(txn, db, ws: int, hist: History, *, label: str, head,
         key = name.encode()
         if txn.get(key, db=db["sessions"]) is None:
             txn.put(key, S.dump(key, [parent, boundary, created]), db=db["sessions"])
-    for session, turn, eid in hist.turns:
-        key = S.turn_key(ws, session, turn)
+    for owner, turn, eid in hist.turns:
+        key = S.turn_key(ws, owner, turn)
         txn.put(key, S.seal(key, S.u64(moved(eid))), db=db["turns"])
     if hist.epochs:
         top = max(e.id for e in hist.epochs) + offset + 1

@@ -157,8 +157,8 @@ def _push_one(store, backend, config, ws: int, root: bytes, out):
         head = tree_remote.capture_tree(fd, store)
     finally:
         os.close(fd)
-    with _Progress(out, f"push {os.fsdecode(root)}") as bar:
-        report = push_workspace(store, ws, backend, config, ws_id, head, progress=bar.update)
+    with _Progress(out, f"push {os.fsdecode(root)}", "push") as bar:
+        report = push_workspace(store, ws, backend, config, ws_id, head, progress=bar.pushed)
     out.emit("push.done", remote=config.name, root=os.fsdecode(root), **report.as_dict())
     out.say(f"pushed {os.fsdecode(root)} to {config.name} as workspace {ws_id}: "
             f"{report.objects} objects, {human_bytes(report.bytes)}, {report.epochs} epoch "
@@ -171,13 +171,13 @@ def _push_one(store, backend, config, ws: int, root: bytes, out):
 
 
 class _Progress:
-    """Bytes and objects on a terminal (rich); ``--json``: ``push.progress`` records,
-    at most one per second."""
+    """Objects and bytes as they go: a bar on a terminal (rich), ``--json``: one
+    ``<kind>.progress`` record per object (objects are packs and large blobs: few)."""
 
-    def __init__(self, out, title: str):
-        self.out, self.title = out, title
+    def __init__(self, out, title: str, kind: str):
+        self.out, self.title, self.kind = out, title, kind
         self._bar = self._task = None
-        self._last = 0.0
+        self.objects = self.bytes = 0
 
     def __enter__(self):
         if not self.out.json and self.out.console.is_terminal:
@@ -187,15 +187,20 @@ class _Progress:
             self._task = self._bar.add_task(self.title, total=None)
         return self
 
-    def update(self, report, done: int, total: int) -> None:
+    def pushed(self, report, done: int, total: int) -> None:
+        self._show(report.objects, report.bytes, done, total)
+
+    def fetched(self, done: int, total: int, nbytes: int) -> None:
+        self._show(self.objects + 1, self.bytes + nbytes, done, total)
+
+    def _show(self, objects: int, nbytes: int, done: int, total: int) -> None:
+        self.objects, self.bytes = objects, nbytes
         if self._bar is not None:
             self._bar.update(self._task, total=total or None, completed=done,
-                             description=f"{self.title}: {report.objects} objects, "
-                                         f"{human_bytes(report.bytes)}")
-        elif self.out.json and time.monotonic() - self._last >= 1.0:
-            self._last = time.monotonic()
-            self.out.emit("push.progress", objects=report.objects, bytes=report.bytes,
-                          blobs_done=done, blobs_total=total)
+                             description=f"{self.title}: {objects} objects, "
+                                         f"{human_bytes(nbytes)}")
+        self.out.emit(f"{self.kind}.progress", objects=objects, bytes=nbytes,
+                      blobs_done=done, blobs_total=total)
 
     def __exit__(self, *exc):
         if self._bar is not None:
@@ -208,19 +213,22 @@ def cmd_restore(args, out) -> int:
     with Store.open(resolve_store_path(args.store)) as store:
         config = _config(store, args.source)
         backend = open_backend(config)
-        res = tree_remote.restore(store, backend, config, args.workspace_id, args.point,
-                                  args.dir, session=args.session)
+        with _Progress(out, f"restore {args.dir}", "restore") as bar:
+            res = tree_remote.restore(store, backend, config, args.workspace_id, args.point,
+                                      args.dir, session=args.session, progress=bar.fetched)
     out.emit("restore.done", remote=config.name, workspace=args.workspace_id,
              dir=os.path.realpath(args.dir), target=res.target, head_epoch=res.head_epoch,
+             objects=bar.objects, bytes=bar.bytes,
              **{k: v for k, v in res.result.to_dict().items() if k not in ("target",)},
              problems=res.problems)
     for f in res.result.failed:
         out.warn(f"{os.fsdecode(f.path)}: {f.message} ({f.code})")
     for p in res.problems:
-        out.warn(f"blob {p['blob'][:16]}… ({p['object']}): {p['reason']}; needed by "
+        out.warn(f"blob {p['blob'][:16]}… ({p['object']}): {p['reason'].rstrip('.')}; needed by "
                  f"{', '.join(p['paths'][:5])} at {', '.join(p['epochs'][:5])}")
     out.say(f"restored {escape(args.dir)} to e{res.target} from {escape(config.name)} "
-            f"(workspace {escape(args.workspace_id)}); the pushed tree is e{res.head_epoch}"
+            f"(workspace {escape(args.workspace_id)}: {bar.objects} objects, "
+            f"{human_bytes(bar.bytes)}); the pushed tree is e{res.head_epoch}"
             + (" — partial, see the warnings" if res.exit_code else ""))
     return res.exit_code
 

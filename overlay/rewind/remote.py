@@ -74,6 +74,9 @@ def restore(store, backend, config, ws_id: str, point, dest, *, session=None,
     if store.epochs(ws):
         raise RestoreTargetInUse(path=os.fsdecode(real),
                                  reason="this store already has history for it")
+    # the point is checked (and the history's shape) before any blob is downloaded
+    store.import_history(ws, history, label="", head=[], point=point, session=session,
+                         dry_run=True)
     problems = fetch_blobs(store, backend, remote, wanted_blobs(history, head),
                            progress=progress)
     offset, head_epoch, target = store.import_history(

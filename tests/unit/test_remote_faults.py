@@ -8,7 +8,7 @@ import os
 
 import pytest
 from remotekit import build_history, cli, new_dir, s3  # noqa: F401  (s3: the fixture)
-from restorekit import open_history
+from restorekit import History, open_history
 from treesnap import compare, exact
 
 from rewindfs.overlay.rewind.remote import capture_tree
@@ -31,11 +31,11 @@ def _push(capsys, store, root) -> dict:
     return [r for r in recs if r["type"] == "push.done"][0]
 
 
-def _restore(capsys, tmp_path, s3, ws_id, point, name="m"):
+def _restore(capsys, tmp_path, s3, ws_id, point, name="m", *extra):
     m = new_dir(tmp_path / name)
     _add_remote(capsys, m / "store", s3)
     code, recs = cli(capsys, "--store", m / "store", "restore", "--from", "origin",
-                     "--workspace", ws_id, "--point", point, m / "dir")
+                     "--workspace", ws_id, "--point", point, m / "dir", *extra)
     return m, code, recs
 
 
@@ -91,6 +91,7 @@ def _pushed(capsys, tmp_path, s3):
         build_history(h, expected)
         _add_remote(capsys, h.store.path, s3)
         done = _push(capsys, h.store.path, h.root.decode())
+        expected["head"] = exact(h.root)
         return expected, done["workspace"], h.store.path, h.root.decode()
 
 
@@ -105,7 +106,7 @@ def test_a_corrupt_pack_and_a_deleted_blob_are_named_and_the_rest_lands(s3, tmp_
     data[len(data) // 2] ^= 0xFF                    # one flipped byte in the middle
     backend.put(packs[0], bytes(data))              # through the API, so the server's
     backend.delete(blobs[0])                        # cache sees it; the 1.5 MB file's
-    last = max(expected)
+    last = max(e for e in expected if e != "head")
     m, code, recs = _restore(capsys, tmp_path, s3, ws_id, f"e{last}")
     assert code == 1, recs
     done = [r for r in recs if r["type"] == "restore.done"][0]
@@ -125,9 +126,15 @@ def test_a_corrupt_pack_and_a_deleted_blob_are_named_and_the_rest_lands(s3, tmp_
 def test_a_second_machine_pushing_the_same_workspace_is_refused_by_the_lease(
         s3, tmp_path, capsys):
     expected, ws_id, store_a, root_a = _pushed(capsys, tmp_path, s3)
-    m, code, recs = _restore(capsys, tmp_path, s3, ws_id, f"e{max(expected)}", name="b")
+    m, code, recs = _restore(capsys, tmp_path, s3, ws_id, "t3", name="b")
+    assert code == 3 and recs[-1]["code"] == "ambiguous-point", recs   # s1's or s2's?
+    assert not [r for r in recs if r["type"] == "restore.progress"]    # nothing fetched
+    m, code, recs = _restore(capsys, tmp_path, s3, ws_id, "t3", "b2", "--session", "s1")
     assert code == 0, recs
-    (m / "dir" / "from-b.txt").write_bytes(b"made on machine b\n")
+    with Store.open(m / "store") as sb:             # an edit on b, captured as a mount would
+        hb = History(sb, m / "dir")
+        hb.write(b"from-b.txt", b"made on machine b\n")
+        hb.close()
     with Store.open(store_a) as a:
         config = RemoteConfig("origin", *a.remote("origin")[:4])
         assert config.conditional is False           # rclone 1.75: the claims fallback
@@ -146,9 +153,23 @@ def test_a_second_machine_pushing_the_same_workspace_is_refused_by_the_lease(
     code, recs = cli(capsys, "--store", store_a, "push", "-C", root_a)
     assert code == 2 and [r for r in recs if r["type"] == "error"][0]["code"] == \
         "remote-diverged", recs
-    # a third machine gets b's tree, with a's history under it
-    c, code, recs = _restore(capsys, tmp_path, s3, ws_id, "t2", name="c")
+    # a third machine gets a's points and b's tree: one history, pushed from two places
+    b_tree = exact(m / "dir")
+    c, code, recs = _restore(capsys, tmp_path, s3, ws_id, "t2", "c", "--session", "s1")
     assert code == 0, recs
+    t2 = [r for r in recs if r["type"] == "restore.done"][0]["target"]
+    assert compare(expected[t2], exact(c / "dir")) == []
+    code, recs = cli(capsys, "--store", c / "store", "log", "-C", c / "dir")
+    pushed = [r["epoch"] for r in recs if (r.get("label") or "").startswith("pushed tree")]
+    assert len(pushed) == 2                    # b's import of a's tree, and c's of b's
+    code, recs = cli(capsys, "--store", c / "store", "rewind", "-C", c / "dir",
+                     f"e{pushed[-1]}")
+    assert code == 0, recs
+    assert compare(b_tree, exact(c / "dir")) == []
+    code, recs = cli(capsys, "--store", c / "store", "rewind", "-C", c / "dir",
+                     f"e{pushed[0]}")
+    assert code == 0, recs
+    assert compare(expected["head"], exact(c / "dir")) == []          # a's pushed tree
 
 
 def test_restore_refuses_a_non_empty_directory_and_an_unknown_workspace(s3, tmp_path, capsys):
@@ -163,7 +184,7 @@ def test_restore_refuses_a_non_empty_directory_and_an_unknown_workspace(s3, tmp_
                      "--workspace", "nope", "--point", "t1", tmp_path / "new")
     assert code == 3 and recs[-1]["code"] == "unknown-remote-workspace"
     code, recs = cli(capsys, "--store", tmp_path / "s2", "restore", "--from", "origin",
-                     "--workspace", ws_id, "--point", "t99", tmp_path / "new2")
+                     "--workspace", ws_id, "--point", "e999", tmp_path / "new2")
     assert code == 2 and recs[-1]["code"] == "unknown-point"
     with Store.open(tmp_path / "s2") as s:             # the refused import left nothing
         assert all(not s.epochs(ws) for ws, _root in s.workspaces())

@@ -32,6 +32,9 @@ def test_every_point_restores_byte_exact_on_a_fresh_store(s3, tmp_path, capsys):
         assert code == 0, recs
         done = [r for r in recs if r["type"] == "push.done"][0]
         assert done["objects"] > 0 and done["bytes"] > 0 and done["head"] is True
+        steps = [r for r in recs if r["type"] == "push.progress"]
+        assert [s["objects"] for s in steps] == list(range(1, done["objects"] + 1))
+        assert steps[-1]["bytes"] == done["bytes"]
         ws_id = done["workspace"]
         # idempotent: nothing new, nothing written
         code, recs = cli(capsys, "--store", store_a, "push", "-C", h.root.decode())
