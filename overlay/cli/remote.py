@@ -14,8 +14,9 @@ import secrets
 import time
 
 from rewindfs.store import Store
-from rewindfs.store.remote import (RemoteConfig, open_backend, parse_url, probe_conditional,
-                                   push_workspace, read_workspace, workspace_ids)
+from rewindfs.store.remote import (RemoteConfig, check_remote, open_backend, parse_url,
+                                   probe_conditional, push_workspace, read_workspace,
+                                   workspace_ids)
 from rewindfs.store._errors import UnknownRemoteWorkspace
 
 from rewindfs.overlay.cli import options
@@ -231,6 +232,29 @@ def cmd_restore(args, out) -> int:
             f"{human_bytes(bar.bytes)}); the pushed tree is e{res.head_epoch}"
             + (" — partial, see the warnings" if res.exit_code else ""))
     return res.exit_code
+
+
+def fsck_remote(args, out) -> int:
+    """``fsck --remote NAME``: every object read and verified (``store.remote._check``);
+    exit 1 when a problem was found."""
+    with Store.open(resolve_store_path(args.store), create=False) as store:
+        config = _config(store, args.remote_check)
+    report = check_remote(open_backend(config))
+    for p in report.problems:
+        out.emit("fsck.problem", **p)
+        out.say(f"[red]{p['code']}[/]: {escape(p['message'])} (workspace "
+                f"{escape(p['workspace'])}, {p['blobs']} blob(s))")
+    for name in report.orphans:
+        out.emit("fsck.orphan", object=name)
+    out.emit("fsck", remote=config.name, **{k: v for k, v in report.as_dict().items()
+                                           if k not in ("problems", "orphans")},
+             problems=len(report.problems), orphans=len(report.orphans))
+    out.say(f"remote {escape(config.name)}: {report.objects_checked} objects, "
+            f"{report.blobs_checked} blobs checked; "
+            + ("sound" if report.ok else f"{len(report.problems)} problem(s)")
+            + (f"; {len(report.orphans)} object(s) no segment names (an interrupted "
+               "push leaves them)" if report.orphans else ""))
+    return 0 if report.ok else 1
 
 
 HANDLERS = {"remote-add": cmd_remote_add, "remote-list": cmd_remote_list,

@@ -70,6 +70,8 @@ def test_a_push_cut_by_the_server_dying_resumes_and_references_nothing_missing(
         state = read_workspace(backend, ws_id)
         assert done["blobs"] == len(state.blobs) - len(partial.blobs) > 0
         _assert_every_reference_resolves(backend, state)
+        code, recs = cli(capsys, "--store", h.store.path, "fsck", "--remote", "origin")
+        assert code == 0 and recs[-1]["ok"], recs
     last = max(expected)
     m, code, recs = _restore(capsys, tmp_path, s3, ws_id, f"e{last}")
     assert code == 0, recs
@@ -99,6 +101,8 @@ def test_a_corrupt_pack_and_a_deleted_blob_are_named_and_the_rest_lands(s3, tmp_
     expected, ws_id, store, _root = _pushed(capsys, tmp_path, s3)
     with Store.open(store) as a:
         backend = open_backend(RemoteConfig("origin", *a.remote("origin")[:4]))
+    code, recs = cli(capsys, "--store", store, "fsck", "--remote", "origin")
+    assert code == 0 and recs[-1]["ok"] and recs[-1]["blobs_checked"] > 0, recs
     packs = [k for k, _ in backend.list("packs/")]
     blobs = [k for k, _ in backend.list("blobs/")]
     assert packs and blobs
@@ -106,6 +110,10 @@ def test_a_corrupt_pack_and_a_deleted_blob_are_named_and_the_rest_lands(s3, tmp_
     data[len(data) // 2] ^= 0xFF                    # one flipped byte in the middle
     backend.put(packs[0], bytes(data))              # through the API, so the server's
     backend.delete(blobs[0])                        # cache sees it; the 1.5 MB file's
+    code, recs = cli(capsys, "--store", store, "fsck", "--remote", "origin")
+    found = {(r["code"], r["object"]) for r in recs if r["type"] == "fsck.problem"}
+    assert code == 1 and found == {("remote-object-corrupt", packs[0]),
+                                   ("remote-object-missing", blobs[0])}, recs
     last = max(e for e in expected if e != "head")
     m, code, recs = _restore(capsys, tmp_path, s3, ws_id, f"e{last}")
     assert code == 1, recs
