@@ -170,6 +170,79 @@ class InternalError(RewindfsError):
     traceback = True
 
 
+class RemoteError(RewindfsError):
+    """Remote {remote}: {message}
+
+    The root of the errors of a remote (``store.remote``, docs/remote.md)."""
+
+    code = "remote-error"
+
+
+class BadRemoteUrl(RemoteError):
+    """Bad remote URL {url!r}: {reason}."""
+
+    code = "bad-remote-url"
+    exit_code = EXIT_USAGE
+
+
+class UnknownRemote(RemoteError):
+    """No remote named {remote!r} (see `rewindfs remote list`)."""
+
+    code = "unknown-remote"
+    exit_code = EXIT_USAGE
+
+
+class RemoteExists(RemoteError):
+    """A remote named {remote!r} exists already (remove it first)."""
+
+    code = "remote-exists"
+    exit_code = EXIT_USAGE
+
+
+class RemoteUnreachable(RemoteError):
+    """Remote {remote} could not be reached or refused the request: {reason}; run the command again to resume."""
+
+    code = "remote-unreachable"
+
+
+class RemoteObjectMissing(RemoteError):
+    """Object {key} is missing on the remote."""
+
+    code = "remote-object-missing"
+
+
+class RemoteObjectCorrupt(RemoteError):
+    """Object {key} on the remote is corrupt: {reason}."""
+
+    code = "remote-object-corrupt"
+
+
+class UnknownRemoteWorkspace(RemoteError):
+    """Remote {remote} has no workspace {workspace} (see `rewindfs remote log {remote}`)."""
+
+    code = "unknown-remote-workspace"
+    exit_code = EXIT_USAGE
+
+
+class LeaseHeld(RemoteError):
+    """Workspace {workspace} on remote {remote} is being pushed by {holder} (lease until {until}); try again later."""
+
+    code = "lease-held"
+
+
+class RemoteDiverged(RemoteError):
+    """Workspace {workspace} on remote {remote} has history this store does not have ({reason}); it was pushed from elsewhere since, restore it into a new directory instead."""
+
+    code = "remote-diverged"
+
+
+class RestoreTargetInUse(RemoteError):
+    """Cannot restore into {path}: {reason}."""
+
+    code = "restore-target-in-use"
+    exit_code = EXIT_USAGE
+
+
 def all_error_classes() -> list[type[RewindfsError]]:
     """Every error class defined anywhere in the project (for the exit-code table)."""
     seen: list[type[RewindfsError]] = []

@@ -54,6 +54,16 @@ place when opened, see ``_upgrade``)::
                         | FILE         (content in blobs/ab/cdef..., ``data`` None)
                   key and size are always of the uncompressed content.
     intents     key: ws u32                          value: msgpack dict (rewind intent)
+    remotes     key: ascii kind + b"\\0" + ...          value: msgpack (store.remote; no
+                                                             secrets, docs/remote.md)
+                  b"self"                     -> str   this store's id (random hex), the
+                                                       holder name of its remote leases
+                  b"remote\\0" + name          -> [url, endpoint, region, conditional,
+                                                       added_ns]
+                  b"bind\\0" + name + b"\\0" + ws u32
+                                              -> str   the workspace's id on that remote
+                  (added without a schema bump: an older program never opens it, and a
+                  store without it gets it, empty, when opened)
 
     (every value above but ``meta/schema`` and ``blobs``: + xxh3_64(key + value), 8 B)
 
@@ -87,7 +97,7 @@ UNSEALED = (b"blobs",)            # and meta/schema (see the module docstring)
 
 DATABASES = (
     b"meta", b"workspaces", b"ws_paths", b"epochs", b"ws_epochs", b"journal",
-    b"touched", b"sessions", b"turns", b"blobs", b"intents",
+    b"touched", b"sessions", b"turns", b"blobs", b"intents", b"remotes",
 )
 
 # Sparse: LMDB reserves address space, not disk.  1 TiB is far beyond any store.

@@ -24,7 +24,8 @@ import threading
 
 import xxhash
 
-from . import _epoch, _history, _intent, _journal, _plan, _point, _session, _tree, _txn
+from . import _epoch, _history, _intent, _journal, _plan, _point, _remotes, _session, _transfer
+from . import _tree, _txn
 from . import _schema as S
 from ._blob import BlobArea
 from ._errors import NothingToRedo, StoreError
@@ -358,6 +359,14 @@ class Store:
         self._check_usable()
         return self.blobs.put_bytes(data)
 
+    def blob_file(self, key: bytes) -> str | None:
+        """The file holding blob ``key`` when it is kept as one (never write to it),
+        else None (inline); ``BlobMissing``.  For streaming a large blob elsewhere; its
+        reader verifies it (or reads it through ``iter_blob``, which does)."""
+        self._check_usable()
+        entry = self.blobs.entry(key)
+        return self.blobs.file_path(key) if entry[1] == S.FILE else None
+
     def read_blob(self, key: bytes) -> bytes:
         self._check_usable()
         return self.blobs.read(key)
@@ -450,6 +459,60 @@ class Store:
     def clear_intent(self, ws) -> None:
         with self._w() as txn:
             _intent.clear(txn, self._db, ws)
+
+    # -- remotes (``store.remote``: configuration and moving history) -------------------
+    def export_history(self, ws) -> _transfer.History:
+        """Every epoch, journal entry, session and turn of ``ws``, read in one read
+        transaction (``_transfer``)."""
+        with self._r() as txn:
+            return _transfer.export(txn, self._db, ws)
+
+    def import_history(self, ws, history, *, label: str, head, point=None, session=None,
+                       dry_run: bool = False):
+        """Write ``history`` into ``ws`` (no history yet), open an ``idle`` epoch
+        holding ``head`` and resolve ``point``: (offset, that epoch, point's epoch id);
+        one transaction, all or nothing (``_transfer.import_into``).  ``dry_run``:
+        the same checks and answer, then the transaction is aborted (nothing written)."""
+        try:
+            with self._w() as txn:
+                result = _transfer.import_into(txn, self._db, ws, history, label=label,
+                                               head=head, point=point, session=session)
+                if dry_run:
+                    raise _transfer.Rollback(result)
+                return result
+        except _transfer.Rollback as done:
+            return done.result
+
+    def store_id(self) -> str:
+        with self._w() as txn:
+            return _remotes.store_id(txn, self._db)
+
+    def add_remote(self, name, url, endpoint=None, region=None, conditional=None) -> None:
+        with self._w() as txn:
+            _remotes.add(txn, self._db, name, url, endpoint, region, conditional)
+
+    def remove_remote(self, name) -> None:
+        with self._w() as txn:
+            _remotes.remove(txn, self._db, name)
+
+    def remote(self, name) -> list:
+        """[url, endpoint, region, conditional, added_ns]; ``UnknownRemote``."""
+        with self._r() as txn:
+            return _remotes.get(txn, self._db, name)
+
+    def remotes(self) -> dict[str, list]:
+        with self._r() as txn:
+            return _remotes.every(txn, self._db)
+
+    def remote_binding(self, name, ws) -> str | None:
+        """The id ``ws`` has on remote ``name``, None before its first push."""
+        with self._r() as txn:
+            return _remotes.binding(txn, self._db, name, ws)
+
+    def bind_remote(self, name, ws, remote_ws: str) -> None:
+        with self._w() as txn:
+            _remotes.get(txn, self._db, name)
+            _remotes.bind(txn, self._db, name, ws, remote_ws)
 
     # -- maintenance --------------------------------------------------------------------
     def gc(self, *, grace_s: float = 3600, keep_epochs=None, max_age_s=None, max_bytes=None,

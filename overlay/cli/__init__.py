@@ -3,7 +3,8 @@
 Subcommands come from two modules, each with ``register(subparsers)`` (adds its
 parsers, each setting ``command=<name>``) and ``HANDLERS`` (name → ``handler(args, out)
 -> int``): ``overlay.cli.mount`` (mount, unmount, run, turn begin|end, status, fsck)
-and, when present, ``overlay.cli.rewind`` (log, rewind, redo, diff, show, gc).
+and, when present, ``overlay.cli.rewind`` (log, rewind, redo, diff, show, gc), and
+``overlay.cli.remote`` (remote add|list|remove|log, push, restore).
 
 Exit codes are made here and only here (DESIGN): a handler's return value, or
 ``RewindfsError.exit_code`` for an error (0 done, 1 partial, 2 could not run, 3 usage;
@@ -28,7 +29,7 @@ import sys
 
 from rewindfs.store._errors import InternalError, RewindfsError
 
-from rewindfs.overlay.cli import mount, options, rewind
+from rewindfs.overlay.cli import mount, options, remote, rewind
 from rewindfs.overlay.cli.render import escape
 from rewindfs.overlay.errors import Interrupted, StaleMount, UsageError
 
@@ -113,7 +114,7 @@ def build_parser():
     parser.set_defaults(**options.DEFAULTS)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     table = {}
-    for group in (mount, rewind):    # one module per command group
+    for group in (mount, rewind, remote):    # one module per command group
         group.register(sub)
         table.update(group.HANDLERS)
     return parser, table

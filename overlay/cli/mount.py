@@ -385,6 +385,10 @@ def _say_usage(out, usage) -> None:
 def cmd_fsck(args, out) -> int:
     from rewindfs.store import Store
 
+    if args.remote_check:
+        from rewindfs.overlay.cli.remote import fsck_remote
+        return fsck_remote(args, out)
+
     with Store.open(resolve_store_path(args.store), create=False) as store:
         report = store.fsck()
     data = report.to_dict()
@@ -456,5 +460,7 @@ def register(sub) -> None:
     p.set_defaults(command="status")
 
     p = sub.add_parser("fsck", help="check the store's consistency")
+    p.add_argument("--remote", dest="remote_check", metavar="NAME",
+                   help="check that remote instead: read and verify every object")
     options.common(p)
     p.set_defaults(command="fsck")

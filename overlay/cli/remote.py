@@ -1,0 +1,306 @@
+"""CLI commands of remotes: ``remote add|list|remove|log``, ``push``, ``restore``.
+
+A remote is S3-compatible object storage (``store.remote``, docs/remote.md); its
+configuration lives in the store, credentials come from the standard AWS chain.
+``push`` uploads what the remote lacks of a workspace's history (resumable: run it
+again), ``restore`` puts a pushed point onto a new directory from any machine and
+teaches the local store its history (``overlay.rewind.remote``).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import time
+
+from rewindfs.store import Store
+from rewindfs.store.remote import (RemoteConfig, check_remote, open_backend, parse_url,
+                                   probe_conditional, push_workspace, read_workspace,
+                                   workspace_ids)
+from rewindfs.store._errors import UnknownRemoteWorkspace
+
+from rewindfs.overlay.cli import options
+from rewindfs.overlay.cli.render import escape, human_bytes
+from rewindfs.overlay.errors import NotAWorkspace, UsageError
+from rewindfs.overlay.places import resolve_store_path
+from rewindfs.overlay.rewind import remote as tree_remote
+
+__all__ = ["HANDLERS", "register"]
+
+
+def _config(store, name: str) -> RemoteConfig:
+    url, endpoint, region, conditional, _added = store.remote(name)
+    return RemoteConfig(name, url, endpoint, region, conditional)
+
+
+def _default_remote(store, name: str | None) -> str:
+    if name is not None:
+        return name
+    names = sorted(store.remotes())
+    if len(names) != 1:
+        raise UsageError("name the remote (rewindfs remote list shows "
+                         f"{len(names)} remotes)" if names else "no remote yet: "
+                         "rewindfs remote add NAME s3://BUCKET/PREFIX")
+    return names[0]
+
+
+# -- remote add | list | remove | log -----------------------------------------------------
+
+def cmd_remote_add(args, out) -> int:
+    parse_url(args.url)
+    config = RemoteConfig(args.name, args.url, args.endpoint, args.region)
+    conditional = probe_conditional(open_backend(config))
+    with Store.open(resolve_store_path(args.store)) as store:
+        store.add_remote(args.name, args.url, args.endpoint, args.region, conditional)
+    out.emit("remote.added", **RemoteConfig(args.name, args.url, args.endpoint, args.region,
+                                            conditional).as_dict())
+    how = "honours conditional writes" if conditional else \
+        "ignores conditional writes, so the lease uses claims; docs/remote.md"
+    out.say(f"remote {escape(args.name)} → {escape(args.url)} (the server {how})")
+    return 0
+
+
+def cmd_remote_list(args, out) -> int:
+    with Store.open(resolve_store_path(args.store)) as store:
+        remotes = store.remotes()
+    for name, (url, endpoint, region, conditional, _added) in sorted(remotes.items()):
+        out.emit("remote", **RemoteConfig(name, url, endpoint, region, conditional).as_dict())
+        extra = "".join(f"  {k} {escape(v)}" for k, v in (("endpoint", endpoint),
+                                                          ("region", region)) if v)
+        out.say(f"{escape(name)}  {escape(url)}{extra}")
+    if not remotes:
+        out.say("no remotes (rewindfs remote add NAME s3://BUCKET/PREFIX)")
+    return 0
+
+
+def cmd_remote_remove(args, out) -> int:
+    with Store.open(resolve_store_path(args.store)) as store:
+        store.remove_remote(args.name)
+    out.emit("remote.removed", name=args.name)
+    out.say(f"removed remote {escape(args.name)} (nothing on it was deleted)")
+    return 0
+
+
+def cmd_remote_log(args, out) -> int:
+    with Store.open(resolve_store_path(args.store)) as store:
+        config = _config(store, args.name)
+    backend = open_backend(config)
+    ids = [args.workspace_id] if args.workspace_id else workspace_ids(backend)
+    for ws_id in ids:
+        state = read_workspace(backend, ws_id)
+        if not state.segments:
+            raise UnknownRemoteWorkspace(remote=args.name, workspace=ws_id)
+        _render_remote_ws(out, state)
+    if not ids:
+        out.say(f"remote {escape(args.name)} holds no workspace yet")
+    return 0
+
+
+def _render_remote_ws(out, state) -> None:
+    hist = state.history()
+    sessions: dict[str, list[int]] = {}
+    for e in hist.epochs:
+        if e.kind == "turn" and e.session is not None:
+            sessions.setdefault(e.session, []).append(e.turn)
+    pushed = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(state.pushed_ns / 1e9))
+    out.emit("remote.workspace", id=state.ws_id, root=state.root, pushed_ns=state.pushed_ns,
+             epochs=len(hist.epochs), sessions={s: sorted(set(t)) for s, t in sessions.items()},
+             store=state.store, has_tree=state.head is not None)
+    out.say(f"[bold]workspace {escape(state.ws_id)}[/]  {escape(state.root)}  "
+            f"(pushed {pushed}, {len(hist.epochs)} epochs)")
+    for s, turns in sorted(sessions.items()):
+        out.say(f"  session {escape(s)}: turns {', '.join(map(str, sorted(set(turns))))}")
+    for e in hist.epochs:
+        out.emit("remote.point", workspace=state.ws_id, **e.as_point())
+        what = f"turn {e.turn} of {e.session}" if e.kind == "turn" else e.kind
+        if e.kind in ("rewind", "redo") and e.target is not None:
+            what += f" → e{e.target}"
+        out.say(f"  e{e.id}  {escape(what)}  {escape(e.label or '')}")
+
+
+# -- push ----------------------------------------------------------------------------------
+
+def cmd_push(args, out) -> int:
+    with Store.open(resolve_store_path(args.store), create=False) as store:
+        name = _default_remote(store, args.remote)
+        config = _config(store, name)
+        backend = open_backend(config)
+        code = 0
+        for ws, root in _workspaces_to_push(store, args):
+            report = _push_one(store, backend, config, ws, root, out)
+            code = max(code, 1 if report.unreadable else 0)
+    return code
+
+
+def _workspaces_to_push(store, args) -> list[tuple[int, bytes]]:
+    """``--session S``: every workspace where S ran turns (a point needs its whole
+    workspace history, so histories go whole); else the workspace of -C/cwd."""
+    if args.session:
+        found = [(ws, root) for ws, root in store.workspaces()
+                 if args.session in store.sessions(ws)]
+        if not found:
+            raise UsageError(f"session {args.session} ran no turn in any workspace")
+        return found
+    start = os.path.realpath(os.fsencode(args.workspace or os.getcwd()))
+    found = store.workspace_containing(start)
+    if found is None:
+        raise NotAWorkspace(path=os.fsdecode(start), store=str(store.path))
+    return [found]
+
+
+def _push_one(store, backend, config, ws: int, root: bytes, out):
+    ws_id = store.remote_binding(config.name, ws)
+    if ws_id is None:
+        ws_id = secrets.token_hex(6)
+        store.bind_remote(config.name, ws, ws_id)   # before the push: a retry resumes it
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        head = tree_remote.capture_tree(fd, store)
+    finally:
+        os.close(fd)
+    with _Progress(out, f"push {os.fsdecode(root)}", "push") as bar:
+        report = push_workspace(store, ws, backend, config, ws_id, head, progress=bar.pushed)
+    out.emit("push.done", remote=config.name, root=os.fsdecode(root), **report.as_dict())
+    out.say(f"pushed {os.fsdecode(root)} to {config.name} as workspace {ws_id}: "
+            f"{report.objects} objects, {human_bytes(report.bytes)}, {report.epochs} epoch "
+            f"records, {report.entries} pre-images"
+            + ("" if report.objects else " (nothing new)"))
+    for key in report.unreadable:
+        out.warn(f"blob {key} is damaged in the local store and was not pushed "
+                 "(`rewindfs fsck` names the paths)")
+    return report
+
+
+class _Progress:
+    """Objects and bytes as they go: a bar on a terminal (rich), ``--json``: one
+    ``<kind>.progress`` record per object (objects are packs and large blobs: few)."""
+
+    def __init__(self, out, title: str, kind: str):
+        self.out, self.title, self.kind = out, title, kind
+        self._bar = self._task = None
+        self.objects = self.bytes = 0
+
+    def __enter__(self):
+        if not self.out.json and self.out.console.is_terminal:
+            from rich.progress import Progress
+            self._bar = Progress(console=self.out.console, transient=True)
+            self._bar.start()
+            self._task = self._bar.add_task(self.title, total=None)
+        return self
+
+    def pushed(self, report, done: int, total: int) -> None:
+        self._show(report.objects, report.bytes, done, total)
+
+    def fetched(self, done: int, total: int, nbytes: int) -> None:
+        self._show(self.objects + 1, self.bytes + nbytes, done, total)
+
+    def _show(self, objects: int, nbytes: int, done: int, total: int) -> None:
+        self.objects, self.bytes = objects, nbytes
+        if self._bar is not None:
+            self._bar.update(self._task, total=total or None, completed=done,
+                             description=f"{self.title}: {objects} objects, "
+                                         f"{human_bytes(nbytes)}")
+        self.out.emit(f"{self.kind}.progress", objects=objects, bytes=nbytes,
+                      blobs_done=done, blobs_total=total)
+
+    def __exit__(self, *exc):
+        if self._bar is not None:
+            self._bar.stop()
+
+
+# -- restore -------------------------------------------------------------------------------
+
+def cmd_restore(args, out) -> int:
+    with Store.open(resolve_store_path(args.store)) as store:
+        config = _config(store, args.source)
+        backend = open_backend(config)
+        with _Progress(out, f"restore {args.dir}", "restore") as bar:
+            res = tree_remote.restore(store, backend, config, args.workspace_id, args.point,
+                                      args.dir, session=args.session, progress=bar.fetched)
+    out.emit("restore.done", remote=config.name, workspace=args.workspace_id,
+             dir=os.path.realpath(args.dir), target=res.target, head_epoch=res.head_epoch,
+             objects=bar.objects, bytes=bar.bytes,
+             **{k: v for k, v in res.result.to_dict().items() if k not in ("target",)},
+             problems=res.problems)
+    for f in res.result.failed:
+        out.warn(f"{os.fsdecode(f.path)}: {f.message} ({f.code})")
+    for p in res.problems:
+        out.warn(f"blob {p['blob'][:16]}… ({p['object']}): {p['reason'].rstrip('.')}; needed by "
+                 f"{', '.join(p['paths'][:5])} at {', '.join(p['epochs'][:5])}")
+    out.say(f"restored {escape(args.dir)} to e{res.target} from {escape(config.name)} "
+            f"(workspace {escape(args.workspace_id)}: {bar.objects} objects, "
+            f"{human_bytes(bar.bytes)}); the pushed tree is e{res.head_epoch}"
+            + (" — partial, see the warnings" if res.exit_code else ""))
+    return res.exit_code
+
+
+def fsck_remote(args, out) -> int:
+    """``fsck --remote NAME``: every object read and verified (``store.remote._check``);
+    exit 1 when a problem was found."""
+    with Store.open(resolve_store_path(args.store), create=False) as store:
+        config = _config(store, args.remote_check)
+    report = check_remote(open_backend(config))
+    for p in report.problems:
+        out.emit("fsck.problem", **p)
+        out.say(f"[red]{p['code']}[/]: {escape(p['message'])} (workspace "
+                f"{escape(p['workspace'])}, {p['blobs']} blob(s))")
+    for name in report.orphans:
+        out.emit("fsck.orphan", object=name)
+    out.emit("fsck", remote=config.name, **{k: v for k, v in report.as_dict().items()
+                                           if k not in ("problems", "orphans")},
+             problems=len(report.problems), orphans=len(report.orphans))
+    out.say(f"remote {escape(config.name)}: {report.objects_checked} objects, "
+            f"{report.blobs_checked} blobs checked; "
+            + ("sound" if report.ok else f"{len(report.problems)} problem(s)")
+            + (f"; {len(report.orphans)} object(s) no segment names (an interrupted "
+               "push leaves them)" if report.orphans else ""))
+    return 0 if report.ok else 1
+
+
+HANDLERS = {"remote-add": cmd_remote_add, "remote-list": cmd_remote_list,
+            "remote-remove": cmd_remote_remove, "remote-log": cmd_remote_log,
+            "push": cmd_push, "restore": cmd_restore}
+
+
+# -- parsers -----------------------------------------------------------------------------
+
+def register(sub) -> None:
+    p = sub.add_parser("remote", help="S3-compatible remotes: add, list, remove, log")
+    rs = p.add_subparsers(dest="remote_command", metavar="ACTION", parser_class=type(p))
+    a = rs.add_parser("add", help="add a remote: NAME s3://BUCKET/PREFIX")
+    a.add_argument("name", metavar="NAME", help="what push/restore/log call it")
+    a.add_argument("url", metavar="URL", help="s3://BUCKET or s3://BUCKET/PREFIX")
+    a.add_argument("--endpoint", metavar="URL", help="the S3 endpoint (MinIO, Ceph RGW, R2, …)")
+    a.add_argument("--region", metavar="R", help="the bucket's region")
+    options.common(a)
+    a.set_defaults(command="remote-add")
+    a = rs.add_parser("list", help="the remotes of this store")
+    options.common(a)
+    a.set_defaults(command="remote-list")
+    a = rs.add_parser("remove", help="forget a remote (deletes nothing on it)")
+    a.add_argument("name", metavar="NAME", help="the remote")
+    options.common(a)
+    a.set_defaults(command="remote-remove")
+    a = rs.add_parser("log", help="workspaces, sessions and points on a remote "
+                      "(downloads no file content)")
+    a.add_argument("name", metavar="NAME", help="the remote")
+    a.add_argument("--workspace", dest="workspace_id", metavar="ID", help="only this one")
+    options.common(a)
+    a.set_defaults(command="remote-log")
+    p.set_defaults(command="remote-list")
+
+    p = sub.add_parser("push", help="upload the history a remote lacks (resumable)")
+    p.add_argument("remote", nargs="?", metavar="NAME", help="the remote (default: the only one)")
+    p.add_argument("--session", metavar="S", help="every workspace where session S ran turns")
+    options.workspace(p)
+    p.set_defaults(command="push")
+
+    p = sub.add_parser("restore", help="make DIR the tree at a pushed point, with its history")
+    p.add_argument("dir", metavar="DIR", help="a new or empty directory")
+    p.add_argument("--from", dest="source", required=True, metavar="NAME", help="the remote")
+    p.add_argument("--workspace", dest="workspace_id", required=True, metavar="ID",
+                   help="the workspace id (rewindfs remote log NAME)")
+    p.add_argument("--point", required=True, metavar="POINT", help="tN/N (a turn) or eN")
+    p.add_argument("--session", metavar="S", help="the session whose turn numbers POINT uses")
+    options.common(p)
+    p.set_defaults(command="restore")

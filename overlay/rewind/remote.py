@@ -1,0 +1,122 @@
+"""A workspace to and from a remote, on the tree side: capture the tree for a push, and
+land a pushed point onto a new directory.
+
+- ``capture_tree``: every path of the workspace (the root included; ignored paths and
+  a rewind's temp names left out, DESIGN invariant 7) as a ``PreImage``, file contents
+  put into the store.  A push takes it *before* it reads the history, so every change
+  the tree shows has its pre-image in what is pushed (write-ahead order).
+- ``restore``: ``DIR`` (absent or empty) becomes the tree at the point.  The history is
+  imported into the local store for ``DIR`` (``Store.import_history``): the pushed
+  epochs, then an ``idle`` epoch whose pre-images are the pushed tree — ``DIR`` starts
+  empty, so by the point rule that epoch's start is the pushed tree and every earlier
+  point is what it was.  Then an ordinary rewind to the point lands it with the restore
+  engine (``plan_rewind`` + ``apply_plan``: modes, owners, xattrs, symlinks, hard links,
+  special files, atomic landings).  So ``log``, ``rewind`` and ``redo`` work on from
+  there, and a later push of ``DIR`` extends the same remote history.
+- A blob the remote cannot give (missing, corrupt) is named with the paths and points
+  that need it; the paths of the restored point that need it fail (engine failures),
+  the rest lands: exit 1.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from rewindfs.store._errors import RestoreTargetInUse, UnknownRemoteWorkspace
+from rewindfs.store.remote import fetch_blobs, read_workspace, wanted_blobs
+
+from rewindfs.overlay.capture import snapshot, subtree
+from rewindfs.overlay.rewind.engine import apply_plan, plan_rewind
+from rewindfs.overlay.rewind.land import set_meta_fd
+from rewindfs.overlay.tree.ignore import IgnoreRules
+
+__all__ = ["RemoteRestore", "capture_tree", "restore"]
+
+
+def capture_tree(root_fd: int, store) -> list:
+    """[(path, PreImage)] of the whole workspace under ``root_fd``, in walk order."""
+    rules = IgnoreRules.load(root_fd)
+    out = []
+    for path, is_dir in subtree(root_fd, b"", True):
+        if path and rules.ignored(path, is_dir):
+            continue
+        img = snapshot(root_fd, path, store)
+        if img.exists:
+            out.append((path, img))
+    return out
+
+
+@dataclass
+class RemoteRestore:
+    workspace: int
+    target: int
+    head_epoch: int
+    result: object                                   # engine.RestoreResult
+    problems: list = field(default_factory=list)     # [dict] blob problems, named
+
+    @property
+    def exit_code(self) -> int:
+        return 1 if self.problems or self.result.exit_code else 0
+
+
+def restore(store, backend, config, ws_id: str, point, dest, *, session=None,
+            progress=None) -> RemoteRestore:
+    remote = read_workspace(backend, ws_id)
+    if not remote.segments:
+        raise UnknownRemoteWorkspace(remote=config.name, workspace=ws_id)
+    history, head = remote.history(), remote.head_images()
+    # the root is the directory the caller names: never planned, its metadata set last
+    root_img = next((img for path, img in head if path == b""), None)
+    head = [(path, img) for path, img in head if path]
+    real = _prepare(dest)
+    ws = store.workspace(real)
+    if store.epochs(ws):
+        raise RestoreTargetInUse(path=os.fsdecode(real),
+                                 reason="this store already has history for it")
+    # the point is checked (and the history's shape) before any blob is downloaded
+    store.import_history(ws, history, label="", head=[], point=point, session=session,
+                         dry_run=True)
+    problems = fetch_blobs(store, backend, remote, wanted_blobs(history, head),
+                           progress=progress)
+    offset, head_epoch, target = store.import_history(
+        ws, history, label=f"pushed tree, from remote {config.name}", head=head,
+        point=point, session=session)
+    if offset == 0:
+        store.bind_remote(config.name, ws, ws_id)
+    fd = os.open(real, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        plan = plan_rewind(fd, store, ws, f"e{target}")
+        result = apply_plan(fd, store, ws, plan, session=None)
+        if root_img is not None:
+            set_meta_fd(fd, root_img)
+    finally:
+        os.close(fd)
+    named = [_name_problem(p, history, head, offset, head_epoch.id) for p in problems]
+    return RemoteRestore(ws, target, head_epoch.id, result, named)
+
+
+def _prepare(dest) -> bytes:
+    """``dest`` made (mode 0700 until its own mode lands) or checked empty; its real path."""
+    dest = os.fsencode(dest)
+    try:
+        os.mkdir(dest, 0o700)
+    except FileExistsError:
+        if not os.path.isdir(dest) or os.path.islink(dest):
+            raise RestoreTargetInUse(path=os.fsdecode(dest), reason="not a directory") from None
+        if os.listdir(dest):
+            raise RestoreTargetInUse(path=os.fsdecode(dest), reason="not empty") from None
+    return os.path.realpath(dest)
+
+
+def _name_problem(problem, history, head, offset: int, head_epoch: int) -> dict:
+    """A blob problem with the paths that need the blob and the epochs whose pre-images
+    (or the pushed tree's epoch) name it: every point up to those needs it."""
+    needs = sorted({(eid + offset, path) for eid, path, img in history.journal
+                    if img.kind == "file" and img.blob == problem.key}
+                   | {(head_epoch, path) for path, img in head
+                      if img.kind == "file" and img.blob == problem.key})
+    return {"code": problem.code, "object": problem.object, "blob": problem.key.hex(),
+            "reason": problem.reason,
+            "paths": sorted({os.fsdecode(p) for _e, p in needs}),
+            "epochs": sorted({f"e{e}" for e, _p in needs})}

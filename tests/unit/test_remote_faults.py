@@ -1,0 +1,198 @@
+"""Remote faults against a real S3 server (``rclone serve s3``, ``remotekit``): a server
+killed in the middle of a push, damaged and deleted objects, two machines pushing one
+workspace."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from remotekit import build_history, cli, new_dir, s3  # noqa: F401  (s3: the fixture)
+from restorekit import History, open_history
+from treesnap import compare, exact
+
+from rewindfs.overlay.rewind.remote import capture_tree
+from rewindfs.store import Store
+from rewindfs.store._errors import RemoteUnreachable
+from rewindfs.store.remote import (Lease, RemoteConfig, open_backend, push_workspace,
+                                   read_workspace)
+from rewindfs.store.remote._objects import blob_name
+
+
+def _add_remote(capsys, store, s3):
+    code, recs = cli(capsys, "--store", store, "remote", "add", "origin", s3.url(),
+                     "--endpoint", s3.endpoint)
+    assert code == 0, recs
+
+
+def _push(capsys, store, root) -> dict:
+    code, recs = cli(capsys, "--store", store, "push", "-C", root)
+    assert code == 0, recs
+    return [r for r in recs if r["type"] == "push.done"][0]
+
+
+def _restore(capsys, tmp_path, s3, ws_id, point, name="m", *extra):
+    m = new_dir(tmp_path / name)
+    _add_remote(capsys, m / "store", s3)
+    code, recs = cli(capsys, "--store", m / "store", "restore", "--from", "origin",
+                     "--workspace", ws_id, "--point", point, m / "dir", *extra)
+    return m, code, recs
+
+
+def test_a_push_cut_by_the_server_dying_resumes_and_references_nothing_missing(
+        s3, tmp_path, capsys):
+    expected: dict = {}
+    with open_history(new_dir(tmp_path / "a")) as h:
+        for i in range(40):                       # enough small blobs for several batches
+            h.write(b"f%02d" % i, os.urandom(40_000))
+        build_history(h, expected)
+        _add_remote(capsys, h.store.path, s3)
+        config = RemoteConfig("origin", *h.store.remote("origin")[:4])
+        backend = open_backend(config)
+        ws_id = "cut-push"
+        h.store.bind_remote("origin", h.ws, ws_id)
+        head = capture_tree(h.fd, h.store)
+        seen = []
+
+        def die_after_some(report, done, total):
+            seen.append(report.objects)
+            if report.objects == 3:
+                s3.kill()                          # mid-push: objects 4.. never arrive
+
+        with pytest.raises(RemoteUnreachable):
+            push_workspace(h.store, h.ws, backend, config, ws_id, head,
+                           progress=die_after_some, batch_bytes=200_000)
+        s3.start()
+        partial = read_workspace(backend, ws_id)
+        assert partial.blobs and not partial.epochs      # blob segments only, no index
+        done = _push(capsys, h.store.path, h.root.decode())
+        # resumed: what the first attempt listed in its segments was not sent again
+        state = read_workspace(backend, ws_id)
+        assert done["blobs"] == len(state.blobs) - len(partial.blobs) > 0
+        _assert_every_reference_resolves(backend, state)
+        code, recs = cli(capsys, "--store", h.store.path, "fsck", "--remote", "origin")
+        assert code == 0 and recs[-1]["ok"], recs
+    last = max(expected)
+    m, code, recs = _restore(capsys, tmp_path, s3, ws_id, f"e{last}")
+    assert code == 0, recs
+    assert compare(expected[last], exact(m / "dir")) == []
+
+
+def _assert_every_reference_resolves(backend, state) -> None:
+    names = {k for k, _ in backend.list("")}
+    hist = state.history()
+    for _e, _p, img in hist.journal:
+        if img.kind == "file":
+            sha, _size, where = state.blobs[img.blob]
+            assert (blob_name(sha) if where[0] == "b" else where[1]) in names
+
+
+def _pushed(capsys, tmp_path, s3):
+    expected: dict = {}
+    with open_history(new_dir(tmp_path / "a")) as h:
+        build_history(h, expected)
+        _add_remote(capsys, h.store.path, s3)
+        done = _push(capsys, h.store.path, h.root.decode())
+        expected["head"] = exact(h.root)
+        return expected, done["workspace"], h.store.path, h.root.decode()
+
+
+def test_a_corrupt_pack_and_a_deleted_blob_are_named_and_the_rest_lands(s3, tmp_path, capsys):
+    expected, ws_id, store, _root = _pushed(capsys, tmp_path, s3)
+    with Store.open(store) as a:
+        backend = open_backend(RemoteConfig("origin", *a.remote("origin")[:4]))
+    code, recs = cli(capsys, "--store", store, "fsck", "--remote", "origin")
+    assert code == 0 and recs[-1]["ok"] and recs[-1]["blobs_checked"] > 0, recs
+    packs = [k for k, _ in backend.list("packs/")]
+    blobs = [k for k, _ in backend.list("blobs/")]
+    assert packs and blobs
+    data = bytearray(backend.get(packs[0]))
+    data[len(data) // 2] ^= 0xFF                    # one flipped byte in the middle
+    backend.put(packs[0], bytes(data))              # through the API, so the server's
+    backend.delete(blobs[0])                        # cache sees it; the 1.5 MB file's
+    code, recs = cli(capsys, "--store", store, "fsck", "--remote", "origin")
+    found = {(r["code"], r["object"]) for r in recs if r["type"] == "fsck.problem"}
+    assert code == 1 and found == {("remote-object-corrupt", packs[0]),
+                                   ("remote-object-missing", blobs[0])}, recs
+    last = max(e for e in expected if e != "head")
+    m, code, recs = _restore(capsys, tmp_path, s3, ws_id, f"e{last}")
+    assert code == 1, recs
+    done = [r for r in recs if r["type"] == "restore.done"][0]
+    codes = {p["code"] for p in done["problems"]}
+    assert codes == {"remote-object-corrupt", "remote-object-missing"}, done["problems"]
+    named = {p for prob in done["problems"] for p in prob["paths"]}
+    assert "large.bin" in named
+    assert all(prob["epochs"] and prob["object"].startswith(("packs/", "blobs/"))
+               for prob in done["problems"])
+    # the paths that needed no damaged blob landed exactly
+    tree, got = expected[last], exact(m / "dir")
+    failed = {f["path"] for f in done["failed"]} | named
+    ok = [p for p in tree[0] if os.fsdecode(p) not in failed and p in got[0]]
+    assert ok and all(tree[0][p] == got[0][p] for p in ok if tree[0][p].kind != "dir")
+
+
+def test_a_second_machine_pushing_the_same_workspace_is_refused_by_the_lease(
+        s3, tmp_path, capsys):
+    expected, ws_id, store_a, root_a = _pushed(capsys, tmp_path, s3)
+    m, code, recs = _restore(capsys, tmp_path, s3, ws_id, "t3", name="b")
+    assert code == 3 and recs[-1]["code"] == "ambiguous-point", recs   # s1's or s2's?
+    assert not [r for r in recs if r["type"] == "restore.progress"]    # nothing fetched
+    m, code, recs = _restore(capsys, tmp_path, s3, ws_id, "t3", "b2", "--session", "s1")
+    assert code == 0, recs
+    with Store.open(m / "store") as sb:             # an edit on b, captured as a mount would
+        hb = History(sb, m / "dir")
+        hb.write(b"from-b.txt", b"made on machine b\n")
+        hb.close()
+    with Store.open(store_a) as a:
+        config = RemoteConfig("origin", *a.remote("origin")[:4])
+        assert config.conditional is False           # rclone 1.75: the claims fallback
+        lease = Lease(open_backend(config), "origin", ws_id, a.store_id(),
+                      conditional=config.conditional)
+        a_id = a.store_id()
+    with lease:                                        # machine a is pushing
+        code, recs = cli(capsys, "--store", m / "store", "push", "-C", m / "dir")
+        assert code == 2, recs
+        err = [r for r in recs if r["type"] == "error"][0]
+        assert err["code"] == "lease-held" and a_id in err["message"], err
+    # once a is done, b may push: its history extends the remote's
+    done = _push(capsys, m / "store", m / "dir")
+    assert done["objects"] > 0
+    # and a, which never saw b's epochs, is refused instead of forking the history
+    code, recs = cli(capsys, "--store", store_a, "push", "-C", root_a)
+    assert code == 2 and [r for r in recs if r["type"] == "error"][0]["code"] == \
+        "remote-diverged", recs
+    # a third machine gets a's points and b's tree: one history, pushed from two places
+    b_tree = exact(m / "dir")
+    c, code, recs = _restore(capsys, tmp_path, s3, ws_id, "t2", "c", "--session", "s1")
+    assert code == 0, recs
+    t2 = [r for r in recs if r["type"] == "restore.done"][0]["target"]
+    assert compare(expected[t2], exact(c / "dir")) == []
+    code, recs = cli(capsys, "--store", c / "store", "log", "-C", c / "dir")
+    pushed = [r["epoch"] for r in recs if (r.get("label") or "").startswith("pushed tree")]
+    assert len(pushed) == 2                    # b's import of a's tree, and c's of b's
+    code, recs = cli(capsys, "--store", c / "store", "rewind", "-C", c / "dir",
+                     f"e{pushed[-1]}")
+    assert code == 0, recs
+    assert compare(b_tree, exact(c / "dir")) == []
+    code, recs = cli(capsys, "--store", c / "store", "rewind", "-C", c / "dir",
+                     f"e{pushed[0]}")
+    assert code == 0, recs
+    assert compare(expected["head"], exact(c / "dir")) == []          # a's pushed tree
+
+
+def test_restore_refuses_a_non_empty_directory_and_an_unknown_workspace(s3, tmp_path, capsys):
+    _expected, ws_id, _store, _root = _pushed(capsys, tmp_path, s3)
+    d = new_dir(tmp_path / "busy")
+    (d / "x").write_bytes(b"x")
+    _add_remote(capsys, tmp_path / "s2", s3)
+    code, recs = cli(capsys, "--store", tmp_path / "s2", "restore", "--from", "origin",
+                     "--workspace", ws_id, "--point", "t1", d)
+    assert code == 3 and recs[-1]["code"] == "restore-target-in-use"
+    code, recs = cli(capsys, "--store", tmp_path / "s2", "restore", "--from", "origin",
+                     "--workspace", "nope", "--point", "t1", tmp_path / "new")
+    assert code == 3 and recs[-1]["code"] == "unknown-remote-workspace"
+    code, recs = cli(capsys, "--store", tmp_path / "s2", "restore", "--from", "origin",
+                     "--workspace", ws_id, "--point", "e999", tmp_path / "new2")
+    assert code == 2 and recs[-1]["code"] == "unknown-point"
+    with Store.open(tmp_path / "s2") as s:             # the refused import left nothing
+        assert all(not s.epochs(ws) for ws, _root in s.workspaces())

@@ -1,0 +1,95 @@
+"""The push lease: one writer per workspace history (``store.remote._lease``).
+
+The claims fallback runs against the real server (``rclone serve s3`` 1.75 ignores
+``If-None-Match``, which ``probe_conditional`` must find); the conditional path runs on
+``DirBackend``, whose conditional create is honoured like AWS S3's."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from remotekit import s3  # noqa: F401  (the fixture)
+
+from rewindfs.store._errors import BadRemoteUrl, LeaseHeld
+from rewindfs.store.remote import (DirBackend, Lease, RemoteConfig, open_backend, parse_url,
+                                   probe_conditional)
+
+
+def _two(backend, conditional):
+    return (Lease(backend, "origin", "w1", "store-a", conditional=conditional),
+            Lease(backend, "origin", "w1", "store-b", conditional=conditional))
+
+
+def _refuses_the_second_and_names_the_first(backend, conditional):
+    a, b = _two(backend, conditional)
+    with a:
+        with pytest.raises(LeaseHeld) as info:
+            b.acquire()
+        assert "store-a" in info.value.message and info.value.code == "lease-held"
+    with b:                                            # released: the other may take it
+        with pytest.raises(LeaseHeld):
+            Lease(backend, "origin", "w1", "store-c", conditional=conditional).acquire()
+    Lease(backend, "origin", "w2", "store-c", conditional=conditional).acquire().release()
+
+
+def test_the_real_server_ignores_conditional_writes_and_the_claims_hold(s3):
+    backend = open_backend(RemoteConfig("origin", s3.url(), s3.endpoint))
+    assert probe_conditional(backend) is False
+    assert backend.list("probe/") == []                 # the probe cleaned up
+    _refuses_the_second_and_names_the_first(backend, conditional=False)
+
+
+def test_conditional_create_refuses_the_second(tmp_path):
+    backend = DirBackend(tmp_path)
+    assert probe_conditional(backend) is True
+    _refuses_the_second_and_names_the_first(backend, conditional=True)
+
+
+@pytest.mark.parametrize("conditional", [True, False])
+def test_an_expired_lease_is_taken_over(tmp_path, conditional):
+    backend = DirBackend(tmp_path)
+    a, b = _two(backend, conditional)
+    a.ttl_s = -1                                       # written already expired
+    a.acquire()
+    b.acquire()                                        # no refusal: a's lease ran out
+    assert json.loads(backend.get("ws/w1/lease" if conditional else
+                                  f"ws/w1/claims/{b.token}"))["store"] == "store-b"
+    b.release()
+
+
+@pytest.mark.parametrize("conditional", [True, False])
+def test_our_own_lease_from_a_push_that_died_is_not_a_refusal(tmp_path, conditional):
+    backend = DirBackend(tmp_path)
+    dead = Lease(backend, "origin", "w1", "store-a", conditional=conditional)
+    body = json.loads(dead._body())
+    body.update(pid=2 ** 22 + 12345)                   # a pid that is not running
+    key = "ws/w1/lease" if conditional else "ws/w1/claims/old"
+    backend.put(key, json.dumps(body).encode())
+    again = Lease(backend, "origin", "w1", "store-a", conditional=conditional).acquire()
+    assert again.held
+    again.release()
+    assert backend.list("ws/w1/") == []
+
+
+def test_renew_pushes_the_expiry_out(tmp_path):
+    backend = DirBackend(tmp_path)
+    lease = Lease(backend, "origin", "w1", "store-a", conditional=True, ttl_s=2).acquire()
+    first = json.loads(backend.get("ws/w1/lease"))["expires"]
+    lease.expires = time.time()                          # as if half of it had run out
+    lease.renew()
+    assert json.loads(backend.get("ws/w1/lease"))["expires"] > first
+    lease.release()
+
+
+@pytest.mark.parametrize("url", ["http://x/y", "s3://", "s3://Bad_Bucket/p", "s3://bkt/a/../b",
+                                 "s3://bkt//x"])
+def test_bad_urls_are_refused(url):
+    with pytest.raises(BadRemoteUrl):
+        parse_url(url)
+
+
+def test_good_urls_parse():
+    assert parse_url("s3://bkt") == ("bkt", "")
+    assert parse_url("s3://my.bucket-1/team/agents/") == ("my.bucket-1", "team/agents")
