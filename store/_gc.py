@@ -27,6 +27,7 @@ import time
 from dataclasses import dataclass
 
 from . import _epoch, _history, _journal, _txn
+from ._process import pid_alive
 from . import _schema as S
 from ._blob import decode_entry
 from ._errors import EXIT_USAGE, BlobCorrupt, RewindfsError
@@ -247,15 +248,7 @@ def _writer_alive(tmp_path: str) -> bool:
         pid = int(os.path.basename(tmp_path).split("-", 1)[0])
     except ValueError:
         return False
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return pid == os.getpid() or pid_alive(pid)
 
 
 def _unlink(path: str, report: GcReport) -> None:

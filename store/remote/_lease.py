@@ -31,6 +31,7 @@ import socket
 import time
 from datetime import datetime, timezone
 
+from .._process import pid_alive
 from .._errors import LeaseHeld, RemoteError, RemoteObjectMissing
 
 TTL_S = 600
@@ -148,7 +149,7 @@ class Lease:
         if other.get("store") == self.store_id and other.get("host") == socket.gethostname():
             if other.get("pid") == os.getpid():
                 return other.get("token") not in _held
-            return not _alive(other.get("pid"))
+            return not pid_alive(other.get("pid"))
         return False
 
     def _held_by(self, other: dict) -> LeaseHeld:
@@ -163,13 +164,3 @@ class Lease:
                          until=until, store=other.get("store"), host=other.get("host"))
 
 
-def _alive(pid) -> bool:
-    if not isinstance(pid, int) or pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
