@@ -67,6 +67,7 @@ from rewindfs.overlay.tree.ignore import IGNORE_FILE, IgnoreRules
 from rewindfs.overlay.errors import BadIgnoreRules
 from rewindfs.overlay.fs.inodes import InodeTable, child
 from rewindfs.overlay.fs.latewrites import LateWrites
+from rewindfs.overlay.fs import session as _session
 from rewindfs.overlay.fs.notify import Notifier
 from rewindfs.overlay.tree.walk import open_parent, split
 from rewindfs.overlay.tree.meta import TMP_PREFIX
@@ -790,7 +791,7 @@ class RewindOperations(pyfuse3.Operations):
                 continue
             path = child(base, names[i])
             node = self.table.known(path, st)
-            if not pyfuse3.readdir_reply(token, names[i], self._attr(node, st), i + 1):
+            if not _session.readdir_reply(token, names[i], self._attr(node, st), i + 1):
                 if node.nlookup <= 0 and not node.handles:
                     self.table.drop(node)
                 return
