@@ -737,6 +737,37 @@ class RewindOperations(pyfuse3.Operations):
             syscalls.futimens(fh, None, node.kernel_mtime_ns)
         return done
 
+    @_handler
+    def fallocate(self, fh, mode, off, length):
+        """``fallocate(2)`` on an open file — plain, ``KEEP_SIZE``, ``PUNCH_HOLE``,
+        ``ZERO_RANGE`` — captured first, like ``write`` (the kernel-direct session only:
+        pyfuse3 has no such operation, so through the libfuse session the kernel answers
+        ``EOPNOTSUPP``)."""
+        node = self.handles[fh]
+        if node.seen is not self._token:
+            self._guard_node(node)
+        node.wrote = True
+        if fh in self.sync_handles:
+            self.store.sync()
+        syscalls.fallocate(fh, mode, off, length)
+        # The kernel drops its cached attributes after a FALLOCATE and asks again: the
+        # real times are the ones to report now (see write()).
+        node.kernel_mtime_ns = None
+
+    @_handler
+    def copy_file_range(self, fh_in, off_in, fh_out, off_out, length, flags):
+        """Copy inside the real filesystem (no bytes through us); the destination is
+        captured first, like ``write``.  Returns the number of bytes copied."""
+        node = self.handles[fh_out]
+        if node.seen is not self._token:
+            self._guard_node(node)
+        node.wrote = True
+        if fh_out in self.sync_handles:
+            self.store.sync()
+        done = os.copy_file_range(fh_in, fh_out, length, off_in, off_out)
+        node.kernel_mtime_ns = None
+        return done
+
     async def flush(self, fh):
         """Nothing to do on close(2): ENOSYS makes the kernel stop sending FLUSH at all
         (one round trip less per close; with the writeback cache the kernel still

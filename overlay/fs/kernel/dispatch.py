@@ -311,6 +311,24 @@ class Dispatcher:
         _run(self.ops.fsync(fh, bool(flags & wire.FSYNC_FDATASYNC)))
         self.reply(unique)
 
+    def fallocate(self, unique, nodeid, ctx, body):
+        fh, off, length, mode, _ = wire.FALLOCATE_IN.unpack_from(body)
+        _run(self.ops.fallocate(fh, mode, off, length))
+        self.reply(unique)
+
+    def copy_file_range(self, unique, nodeid, ctx, body):
+        self._copy_range(unique, body, wire.U32_PAIR, 0xFFFFFFFF)
+
+    def copy_file_range_64(self, unique, nodeid, ctx, body):
+        self._copy_range(unique, body, wire.U64, None)
+
+    def _copy_range(self, unique, body, out, limit):
+        fh_in, off_in, _, fh_out, off_out, length, flags = wire.COPY_RANGE_IN.unpack_from(body)
+        if limit is not None:
+            length = min(length, limit)
+        n = _run(self.ops.copy_file_range(fh_in, off_in, fh_out, off_out, length, flags))
+        self.reply(unique, out.pack(n, 0) if out is wire.U32_PAIR else out.pack(n))
+
     # -- directories --------------------------------------------------------------------
 
     def opendir(self, unique, nodeid, ctx, body):
@@ -408,5 +426,7 @@ _ROUTES = {
     wire.READDIRPLUS: "readdirplus", wire.RELEASEDIR: "releasedir",
     wire.FSYNCDIR: "fsyncdir", wire.GETXATTR: "getxattr", wire.LISTXATTR: "listxattr",
     wire.SETXATTR: "setxattr", wire.REMOVEXATTR: "removexattr",
+    wire.FALLOCATE: "fallocate", wire.COPY_FILE_RANGE: "copy_file_range",
+    wire.COPY_FILE_RANGE_64: "copy_file_range_64",
     wire.INTERRUPT: "interrupt", wire.DESTROY: "destroy", wire.IOCTL: "ioctl",
 }
