@@ -180,6 +180,11 @@ class RewindOperations(pyfuse3.Operations):
         self.busy_keys: set[tuple[int, int]] = set()
         self._fd_warned = 0.0
 
+    def mode_dropped(self, ino: int) -> None:
+        """The set-id bits of *ino* were dropped behind the kernel's cached attributes
+        (HANDLE_KILLPRIV_V2); the kernel-direct session replaces this with a synchronous
+        attribute invalidation, before the request's reply."""
+
     # -- epochs and capture --------------------------------------------------------
 
     def set_epoch(self, epoch_id: int) -> None:
@@ -447,6 +452,8 @@ class RewindOperations(pyfuse3.Operations):
                         os.ftruncate(wfd, attr.st_size)
                     finally:
                         os.close(wfd)
+            if fields.update_size and getattr(fields, "kill_suidgid", False):
+                self._kill_suidgid_at(fd, name)   # HANDLE_KILLPRIV_V2: see write()
             if fields.update_mode:
                 # The kernel never chmods a symlink itself, so following is exact here.
                 os.chmod(name, stat.S_IMODE(attr.st_mode), dir_fd=fd)
@@ -479,10 +486,18 @@ class RewindOperations(pyfuse3.Operations):
             return self._lstat(node.path).st_mtime_ns == attr.st_mtime_ns
         return False
 
+    def _kill_suidgid_at(self, dir_fd: int, name: bytes) -> None:
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        kill = stat.S_ISUID | (stat.S_ISGID if st.st_mode & stat.S_IXGRP else 0)
+        if stat.S_ISREG(st.st_mode) and st.st_mode & kill:
+            os.chmod(name, stat.S_IMODE(st.st_mode) & ~kill, dir_fd=dir_fd)
+
     def _setattr_fd(self, node, attr, fields, fd):
         """setattr through an fd: the root directory, or an unlinked but open file."""
         if fields.update_size:
             os.ftruncate(fd, attr.st_size)
+            if getattr(fields, "kill_suidgid", False):
+                _kill_suidgid(fd)
         if fields.update_mode:
             os.fchmod(fd, stat.S_IMODE(attr.st_mode))
         if fields.update_uid or fields.update_gid:
@@ -689,6 +704,8 @@ class RewindOperations(pyfuse3.Operations):
             self._guard_node(node)
         with self._parent(path) as (fd, name):
             rfd = os.open(name, self._real_flags(flags), dir_fd=fd)
+        if flags & os.O_TRUNC and getattr(ctx, "kill_suidgid", False) and _kill_suidgid(rfd):
+            self.mode_dropped(node.ino)   # an unprivileged O_TRUNC (HANDLE_KILLPRIV_V2)
         return self._opened(rfd, node, flags)
 
     @_handler
@@ -705,6 +722,8 @@ class RewindOperations(pyfuse3.Operations):
                           stat.S_IMODE(mode), dir_fd=fd)   # O_EXCL: EEXIST, as on disk
             try:
                 self._own(fd, n, ctx)
+                if flags & os.O_TRUNC and getattr(ctx, "kill_suidgid", False):
+                    _kill_suidgid(rfd)   # an existing file truncated (HANDLE_KILLPRIV_V2)
                 st = os.fstat(rfd)
             except BaseException:
                 os.close(rfd)
@@ -717,13 +736,18 @@ class RewindOperations(pyfuse3.Operations):
         return os.pread(fh, size, off)
 
     @_handler
-    def write(self, fh, off, buf):
+    def write(self, fh, off, buf, kill_suidgid=False):
+        """``kill_suidgid``: the kernel-direct session with ``HANDLE_KILLPRIV_V2`` says
+        the writer lacks ``CAP_FSETID``, so the set-id bits go, as a local write would
+        drop them (the daemon writes as root, which keeps them)."""
         node = self.handles[fh]
         if node.seen is not self._token:
             self._guard_node(node)
         node.wrote = True
         if fh in self.sync_handles:
             self.store.sync()        # this pwrite is durable when it returns
+        if kill_suidgid and _kill_suidgid(fh):
+            self.mode_dropped(node.ino)
         view = memoryview(buf)
         done = 0
         while done < len(view):
@@ -1048,7 +1072,9 @@ class RewindOperations(pyfuse3.Operations):
                 self.notifier.entry(parent.ino, name)
                 parents[parent.ino] = None
         for ino in parents:
-            self.notifier.inode(ino, attr_only=True)
+            # not only the attributes: with NO_OPENDIR the kernel may cache a directory's
+            # listing as its "data", and a landing changed the listing behind it
+            self.notifier.inode(ino)
 
     async def invalidations_settled(self) -> None:
         """Wait (without blocking trio) until queued invalidations reached the kernel."""
@@ -1069,6 +1095,19 @@ class RewindOperations(pyfuse3.Operations):
                 "writeback": self.enable_writeback_cache,
                 "store_syncs": self.store.statistics()["durability"]["syncs"],
                 "open_files": len(self.handles), **self.stats, **self.table.statistics()}
+
+
+def _kill_suidgid(fd: int) -> bool:
+    """Drop set-user-ID, and set-group-ID if group-executable, as the VFS does for a
+    write or truncate by a caller without ``CAP_FSETID`` (``security.capability`` the
+    real filesystem removes itself on our write or truncate, whoever we are).  True if
+    a bit was dropped."""
+    mode = os.fstat(fd).st_mode
+    kill = stat.S_ISUID | (stat.S_ISGID if mode & stat.S_IXGRP else 0)
+    if mode & kill:
+        os.fchmod(fd, stat.S_IMODE(mode) & ~kill)
+        return True
+    return False
 
 
 def _key_of(st: os.stat_result) -> tuple[int, int]:

@@ -34,19 +34,22 @@ _NS = 1_000_000_000
 
 
 class Ctx:
-    """What pyfuse3's ``RequestContext`` tells a handler."""
+    """What pyfuse3's ``RequestContext`` tells a handler, and ``kill_suidgid`` (an open
+    or create with ``O_TRUNC`` by a caller without ``CAP_FSETID``, HANDLE_KILLPRIV_V2)."""
 
-    __slots__ = ("uid", "gid", "pid", "umask")
+    __slots__ = ("uid", "gid", "pid", "umask", "kill_suidgid")
 
     def __init__(self, uid, gid, pid, umask=0):
         self.uid, self.gid, self.pid, self.umask = uid, gid, pid, umask
+        self.kill_suidgid = False
 
 
 class Fields:
-    """What pyfuse3's ``SetattrFields`` tells ``setattr``."""
+    """What pyfuse3's ``SetattrFields`` tells ``setattr``, and ``kill_suidgid`` (a
+    truncate by a caller without ``CAP_FSETID``, HANDLE_KILLPRIV_V2)."""
 
     __slots__ = ("update_atime", "update_mtime", "update_ctime", "update_mode",
-                 "update_uid", "update_gid", "update_size")
+                 "update_uid", "update_gid", "update_size", "kill_suidgid")
 
     def __init__(self, valid: int):
         self.update_atime = bool(valid & (wire.FATTR_ATIME | wire.FATTR_ATIME_NOW))
@@ -56,6 +59,7 @@ class Fields:
         self.update_uid = bool(valid & wire.FATTR_UID)
         self.update_gid = bool(valid & wire.FATTR_GID)
         self.update_size = bool(valid & wire.FATTR_SIZE)
+        self.kill_suidgid = bool(valid & wire.FATTR_KILL_SUIDGID)
 
 
 def _run(coro):
@@ -139,17 +143,25 @@ class Dispatcher:
             table[opcode] = getattr(self, name)
         self.table = table
         self.no_reply = {wire.FORGET, wire.BATCH_FORGET, wire.INTERRUPT}
-        self.ops_count = [0] * 64
+        self.no_opendir = bool(session.offered & wire.NO_OPENDIR_SUPPORT)
+        self.listings: dict[int, int] = {}     # nodeid → fh, NO_OPENDIR listings
+        self.counts = [0] * 64      # requests per opcode
 
     def close(self) -> None:
-        pass
+        for fh in self.listings.values():
+            _run(self.ops.releasedir(fh))
+        self.listings.clear()
 
     # -- the per-request path -----------------------------------------------------------
 
     def handle(self, n: int) -> None:
         buf = self.session._buf
         length, opcode, unique, nodeid, uid, gid, pid, extlen, _ = wire.IN_HEADER.unpack_from(buf)
-        fn = self.table[opcode] if opcode < 64 else None
+        if opcode < 64:
+            fn = self.table[opcode]
+            self.counts[opcode] += 1
+        else:
+            fn = None
         if fn is None:
             if opcode not in self.no_reply:
                 self.error(unique, errno.ENOSYS)
@@ -279,12 +291,14 @@ class Dispatcher:
         return wire.OPEN_OUT.pack(fi.fh, flags, 0)
 
     def open(self, unique, nodeid, ctx, body):
-        flags = wire.U32_PAIR.unpack_from(body)[0]
+        flags, open_flags = wire.U32_PAIR.unpack_from(body)
+        ctx.kill_suidgid = bool(open_flags & wire.OPEN_KILL_SUIDGID)
         self.reply(unique, self._open_out(_run(self.ops.open(nodeid, flags, ctx))))
 
     def create(self, unique, nodeid, ctx, body):
-        flags, mode, umask, _ = wire.CREATE_IN.unpack_from(body)
+        flags, mode, umask, open_flags = wire.CREATE_IN.unpack_from(body)
         ctx.umask = umask
+        ctx.kill_suidgid = bool(open_flags & wire.OPEN_KILL_SUIDGID)
         name = bytes(body[16:-1])
         fi, e = _run(self.ops.create(nodeid, name, mode, flags, ctx))
         self.reply(unique, pack_entry(e) + self._open_out(fi))
@@ -294,8 +308,11 @@ class Dispatcher:
         self.reply(unique, _run(self.ops.read(fh, off, size)))
 
     def write(self, unique, nodeid, ctx, body):
-        fh, off, size, *_ = wire.RW_IN.unpack_from(body)
-        n = _run(self.ops.write(fh, off, body[40:40 + size]))
+        fh, off, size, wflags, *_ = wire.RW_IN.unpack_from(body)
+        if wflags & wire.WRITE_KILL_SUIDGID:
+            n = _run(self.ops.write(fh, off, body[40:40 + size], True))
+        else:
+            n = _run(self.ops.write(fh, off, body[40:40 + size]))
         self.reply(unique, wire.U32_PAIR.pack(n, 0))
 
     def flush(self, unique, nodeid, ctx, body):
@@ -331,31 +348,74 @@ class Dispatcher:
 
     # -- directories --------------------------------------------------------------------
 
+    # With NO_OPENDIR the kernel opens directories without asking (and may cache their
+    # listings) once OPENDIR answered ENOSYS; READDIR and FSYNCDIR then come with fh 0
+    # and the directory's inode.  The handlers want a handle: the dispatcher opens one
+    # per directory being listed (``_listing``), kept while the listing goes on — a
+    # READDIR at offset 0 starts a fresh one — and released when a reply comes back
+    # empty, or when more than ``_LISTINGS`` directories are being listed at once.
+
+    _LISTINGS = 32
+
     def opendir(self, unique, nodeid, ctx, body):
+        if self.no_opendir:
+            raise FUSEError(errno.ENOSYS)
         fh = _run(self.ops.opendir(nodeid, ctx))
         self.reply(unique, wire.OPEN_OUT.pack(fh, 0, 0))
 
     def readdir(self, unique, nodeid, ctx, body):
-        self._readdir(unique, body, False)
+        self._readdir(unique, nodeid, ctx, body, False)
 
     def readdirplus(self, unique, nodeid, ctx, body):
-        self._readdir(unique, body, True)
+        self._readdir(unique, nodeid, ctx, body, True)
 
-    def _readdir(self, unique, body, plus):
+    def _readdir(self, unique, nodeid, ctx, body, plus):
         fh, off, size, *_ = wire.RW_IN.unpack_from(body)
         token = DirBuffer(size, plus)
+        own = fh == 0 and self.no_opendir
+        if own:
+            fh = self._listing(nodeid, off, ctx)
         _run(self.ops.readdir(fh, off, token))
         if token.inos:   # plain READDIR entries are no lookups: give the counts back
             _run(self.ops.forget([(ino, 1) for ino in token.inos]))
+        if own and not token.parts:
+            self._end_listing(nodeid)
         self.reply(unique, b"".join(token.parts))
 
+    def _listing(self, nodeid: int, off: int, ctx) -> int:
+        fh = self.listings.pop(nodeid, None)
+        if fh is not None and off == 0:
+            _run(self.ops.releasedir(fh))
+            fh = None
+        if fh is None:
+            fh = _run(self.ops.opendir(nodeid, ctx))
+            while len(self.listings) >= self._LISTINGS:
+                oldest = next(iter(self.listings))
+                _run(self.ops.releasedir(self.listings.pop(oldest)))
+        self.listings[nodeid] = fh     # the most recent last
+        return fh
+
+    def _end_listing(self, nodeid: int) -> None:
+        fh = self.listings.pop(nodeid, None)
+        if fh is not None:
+            _run(self.ops.releasedir(fh))
+
     def releasedir(self, unique, nodeid, ctx, body):
-        _run(self.ops.releasedir(wire.RELEASE_IN.unpack_from(body)[0]))
+        fh = wire.RELEASE_IN.unpack_from(body)[0]
+        if fh or not self.no_opendir:
+            _run(self.ops.releasedir(fh))
         self.reply(unique)
 
     def fsyncdir(self, unique, nodeid, ctx, body):
         fh, flags, _ = wire.FSYNC_IN.unpack_from(body)
-        _run(self.ops.fsyncdir(fh, bool(flags & wire.FSYNC_FDATASYNC)))
+        own = fh == 0 and self.no_opendir
+        if own:
+            fh = _run(self.ops.opendir(nodeid, ctx))
+        try:
+            _run(self.ops.fsyncdir(fh, bool(flags & wire.FSYNC_FDATASYNC)))
+        finally:
+            if own:
+                _run(self.ops.releasedir(fh))
         self.reply(unique)
 
     # -- xattrs -------------------------------------------------------------------------
@@ -411,7 +471,9 @@ class Dispatcher:
         self.reply(unique)
 
     def ioctl(self, unique, nodeid, ctx, body):
-        """No ioctls; ``ENOTTY`` at once (Python's ``open`` asks ``isatty`` every time)."""
+        """No ioctls: ``ENOTTY`` at once.  The kernel asks again on every ioctl (also
+        after ``ENOSYS``), e.g. Python's ``isatty`` on every buffered ``open()``; only
+        the cost of the answer is ours to cut."""
         self.error(unique, errno.ENOTTY)
 
 

@@ -76,6 +76,7 @@ class KernelSession:
         self.options = options
         self.fd: int | None = None
         self.flags = 0
+        self.offered = 0
         self.kernel_minor = 0
         self.requests = 0
         self._buf = bytearray(_BUFSIZE)
@@ -114,8 +115,10 @@ class KernelSession:
         offered = kflags | ((kflags2 << 32) if kflags & wire.INIT_EXT else 0)
         offered &= ~hidden_flags()
         self.kernel_minor = minor
+        self.offered = offered
         self.flags = self.want(offered) & offered
         self.dispatch = Dispatcher(self)
+        self.ops.mode_dropped = self._attr_changed
         out = wire.INIT_OUT.pack(
             wire.MAJOR, min(minor, wire.MINOR), readahead, self.flags & 0xFFFFFFFF,
             16, 12, _MAX_WRITE, 1, _MAX_PAGES, 0, self.flags >> 32,
@@ -127,7 +130,7 @@ class KernelSession:
 
     def want(self, offered: int) -> int:
         """The flags we ask for, given what the kernel *offered*."""
-        want = _BASE
+        want = _BASE | wire.HANDLE_KILLPRIV_V2 | wire.READDIRPLUS_AUTO
         if self.ops.enable_writeback_cache:
             want |= wire.WRITEBACK_CACHE
         return want
@@ -163,6 +166,11 @@ class KernelSession:
         finally:
             ended()
 
+    def request_counts(self) -> dict[str, int]:
+        """Requests served so far, by opcode name (``wire``'s names, lower case)."""
+        counts = self.dispatch.counts if self.dispatch is not None else []
+        return {wire.OPCODE_NAMES.get(op, str(op)): n for op, n in enumerate(counts) if n}
+
     # -- replies and notifications ----------------------------------------------------
 
     def _send(self, data) -> None:
@@ -177,6 +185,15 @@ class KernelSession:
         May block until a related request finishes: call off the trio thread."""
         payload = wire.INVAL_INODE.pack(ino, -1 if attr_only else 0, 0)
         self._notify(wire.NOTIFY_INVAL_INODE, payload)
+
+    def _attr_changed(self, ino: int) -> None:
+        """Attributes-only invalidation from the trio thread, before the reply: safe
+        (it takes no lock a pending request holds — only an inode's spinlock)."""
+        try:
+            self.invalidate_inode(ino, attr_only=True)
+        except OSError as exc:
+            if exc.errno != errno.ENOENT:    # not cached: nothing to drop
+                log.warning("attribute invalidation of inode %d failed: %s", ino, exc)
 
     def invalidate_entry(self, parent: int, name: bytes) -> None:
         payload = wire.INVAL_ENTRY.pack(parent, len(name), 0) + name + b"\0"
@@ -195,6 +212,7 @@ class KernelSession:
             return
         try:
             if self.dispatch is not None:
+                log.info("requests served: %s", self.request_counts())
                 self.dispatch.close()
             mounting.detach(self.mountpoint, fd)
         finally:
