@@ -1091,8 +1091,11 @@ class RewindOperations(pyfuse3.Operations):
         self.dirs.clear()
 
     def statistics(self) -> dict:
+        sess = _session.active()
         return {"epoch": self.epoch_id, "captured": len(self.captured),
                 "writeback": self.enable_writeback_cache,
+                "session": sess.name if sess is not None else None,
+                "fuse_flags": sess.flags if sess is not None else 0,
                 "store_syncs": self.store.statistics()["durability"]["syncs"],
                 "open_files": len(self.handles), **self.stats, **self.table.statistics()}
 
