@@ -146,6 +146,11 @@ class RewindOperations(pyfuse3.Operations):
     # cache a write(2) returns before the daemon sees it, so files opened for writing
     # are captured at open() and turn marks flush dirty pages first: docs/concurrency.md.
     enable_writeback_cache = False
+    # Set by the kernel-direct session when it negotiated passthrough (then never the
+    # writeback cache): reads and writes of open files go to the real file without us,
+    # so files opened for writing are captured at open() and again at every epoch
+    # change while they stay open (set_epoch): docs/concurrency.md.
+    passthrough = False
 
     def __init__(self, root_fd: int, store, ws: int, *, writeback: bool = False,
                  timeout: float = CACHE_TIMEOUT):
@@ -188,11 +193,43 @@ class RewindOperations(pyfuse3.Operations):
     # -- epochs and capture --------------------------------------------------------
 
     def set_epoch(self, epoch_id: int) -> None:
-        """Captures from now on go to *epoch_id*; the "already captured" set restarts."""
+        """Captures from now on go to *epoch_id*; the "already captured" set restarts.
+        Under passthrough, every file open for writing is captured into the new epoch
+        here, before the mark returns (its writes never pass through us)."""
         if epoch_id != self.epoch_id:
             self.epoch_id = epoch_id
             self.captured.clear()
             self._token = object()
+            if self.passthrough:
+                self._capture_open_writers()
+
+    def _capture_open_writers(self) -> None:
+        """Pre-images, in the current epoch, of every file a handle can write now.  A
+        failure cannot refuse anything (the writes go to the real file directly): it is
+        logged and counted, and that file has no pre-image in this epoch."""
+        nodes = {}
+        for fd, node in self.handles.items():
+            if fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE != os.O_RDONLY:
+                nodes[id(node)] = node
+        for node in nodes.values():
+            try:
+                self._guard_node(node)
+            except FUSEError as exc:
+                log.warning("capture at the epoch change of a file open for writing "
+                            "failed (%s): its writes in this epoch have no pre-image",
+                            os.strerror(exc.errno))
+        if nodes and self.sync_handles:
+            with contextlib.suppress(FUSEError):   # logged; nothing to refuse here
+                self._sync_for_passthrough()
+
+    def _sync_for_passthrough(self) -> None:
+        """Under passthrough an ``O_SYNC`` write is durable without asking us, so the
+        pre-images it depends on are made durable when they are taken (invariant 12)."""
+        try:
+            self.store.sync()
+        except (RewindfsError, OSError) as exc:
+            log.warning("store sync for an O_SYNC file under passthrough failed: %s", exc)
+            raise FUSEError(errno.EIO) from None
 
     def epoch_changed(self) -> None:
         """Reload the current epoch from the store (after a rewind or turn mark); a
@@ -696,12 +733,14 @@ class RewindOperations(pyfuse3.Operations):
                 self._refuse_fenced(path)
             if self.busy:
                 self._refuse_busy_node(node)
-        if flags & os.O_TRUNC or (self.enable_writeback_cache
+        if flags & os.O_TRUNC or ((self.enable_writeback_cache or self.passthrough)
                                   and flags & os.O_ACCMODE != os.O_RDONLY):
             # With the writeback cache a write(2) returns before we see it, so the
             # pre-image is taken here, where a failure can still refuse the open
             # (fail closed, invariant 2); see docs/concurrency.md.
             self._guard_node(node)
+        if self.passthrough and flags & _OPEN_SYNC and flags & os.O_ACCMODE != os.O_RDONLY:
+            self._sync_for_passthrough()
         with self._parent(path) as (fd, name):
             rfd = os.open(name, self._real_flags(flags), dir_fd=fd)
         if flags & os.O_TRUNC and getattr(ctx, "kill_suidgid", False) and _kill_suidgid(rfd):
@@ -717,6 +756,8 @@ class RewindOperations(pyfuse3.Operations):
         # A name that exists after all (a stale negative dentry) is opened for writing:
         # its inode's other names change with it, so they are captured too.
         self._guard([(path, False), *self._twins(self._lstat_or_none(path))])
+        if self.passthrough and flags & _OPEN_SYNC:
+            self._sync_for_passthrough()
         with self._parent(path) as (fd, n):
             rfd = os.open(n, self._real_flags(flags) | os.O_CREAT | (flags & os.O_EXCL),
                           stat.S_IMODE(mode), dir_fd=fd)   # O_EXCL: EEXIST, as on disk
@@ -1093,7 +1134,7 @@ class RewindOperations(pyfuse3.Operations):
     def statistics(self) -> dict:
         sess = _session.active()
         return {"epoch": self.epoch_id, "captured": len(self.captured),
-                "writeback": self.enable_writeback_cache,
+                "writeback": self.enable_writeback_cache, "passthrough": self.passthrough,
                 "session": sess.name if sess is not None else None,
                 "fuse_flags": sess.flags if sess is not None else 0,
                 "store_syncs": self.store.statistics()["durability"]["syncs"],

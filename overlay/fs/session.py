@@ -36,6 +36,12 @@ def choose(name: str | None = None) -> str:
     return name
 
 
+def passthrough_wanted() -> bool:
+    """Kernel passthrough instead of the writeback cache: ``REWINDFS_PASSTHROUGH=1``
+    (needs root and a kernel that offers it; otherwise the writeback cache stays)."""
+    return os.environ.get("REWINDFS_PASSTHROUGH", "0") == "1"
+
+
 def active():
     """The running session (``name``, ``flags``), or None."""
     return _active
@@ -48,7 +54,7 @@ def mount(ops, mountpoint: bytes, kind: str | None = None) -> None:
     kind = choose(kind)
     if kind == "kernel":
         options = sorted(mount_options() - {"fsname=rewindfs", "subtype=rewindfs"})
-        sess = KernelSession(ops, mountpoint, options)
+        sess = KernelSession(ops, mountpoint, options, passthrough=passthrough_wanted())
         readdir_reply = _kernel_readdir_reply
     else:
         sess = LibfuseSession(ops, mountpoint)

@@ -219,3 +219,55 @@ def test_kill_9_leaves_a_stale_mount_that_recover_clears(tmp_path, monkeypatch):
             assert (ws / "f").read_bytes() == b"after"
             assert call(store, ws, "status")["fs"]["session"] == "kernel"
     assert not is_rewindfs_mount(ws)
+
+
+# -- passthrough -----------------------------------------------------------------------
+
+PASSTHROUGH = {"REWINDFS_PASSTHROUGH": "1"}
+
+
+def test_passthrough_mount_reads_and_writes_without_the_daemon(tmp_path):
+    ws, store = tmp_path / "ws", tmp_path / "store"
+    ws.mkdir()
+    data = os.urandom(5 * MiB)
+    (ws / "f").write_bytes(data)
+    with mounted(ws, store, extra=KERNEL, env=PASSTHROUGH) as m:
+        fs = m.call("status")["fs"]
+        assert fs["passthrough"] is True and fs["writeback"] is False
+        assert (ws / "f").read_bytes() == data
+        with open(ws / "f", "r+b") as w, open(ws / "f", "rb") as r:   # one backing id
+            w.seek(MiB)
+            w.write(b"passed through")
+            w.flush()
+            r.seek(MiB)
+            assert r.read(14) == b"passed through"
+        (ws / "g").write_bytes(b"new file")
+        assert (ws / "g").read_bytes() == b"new file"
+    assert (ws / "f").read_bytes()[MiB:MiB + 14] == b"passed through"
+    assert (ws / "g").read_bytes() == b"new file"
+
+
+def test_passthrough_file_held_open_across_turn_marks_rewinds_to_each_mark(tmp_path):
+    """Its writes never reach the daemon, so the file is captured when it is opened
+    for writing and again into each new epoch at the mark: rewinding to a mark gives
+    the content it had then."""
+    ws, store = tmp_path / "ws", tmp_path / "store"
+    ws.mkdir()
+    (ws / "log").write_bytes(b"start\n")
+    with mounted(ws, store, extra=KERNEL, env=PASSTHROUGH) as m:
+        e1 = m.call("turn.begin", session="s", turn=1, label="one")["epoch"]
+        fd = os.open(ws / "log", os.O_WRONLY | os.O_APPEND)
+        try:
+            os.write(fd, b"turn one\n")
+            e2 = m.call("turn.begin", session="s", turn=2, label="two")["epoch"]
+            os.write(fd, b"turn two\n")
+            m.call("turn.end")
+        finally:
+            os.close(fd)
+        assert (ws / "log").read_bytes() == b"start\nturn one\nturn two\n"
+        res = m.call("rewind", to=f"e{e2}")
+        assert res["failed"] == [], res["failed"]
+        assert (ws / "log").read_bytes() == b"start\nturn one\n"
+        res = m.call("rewind", to=f"e{e1}", force=True)
+        assert res["failed"] == [], res["failed"]
+        assert (ws / "log").read_bytes() == b"start\n"

@@ -24,6 +24,7 @@ import pyfuse3
 from pyfuse3 import FUSEError
 
 from rewindfs.overlay.fs.kernel import wire
+from rewindfs.overlay.fs.kernel.backing import BackingFiles
 
 log = logging.getLogger(__name__)
 
@@ -145,9 +146,12 @@ class Dispatcher:
         self.no_reply = {wire.FORGET, wire.BATCH_FORGET, wire.INTERRUPT}
         self.no_opendir = bool(session.offered & wire.NO_OPENDIR_SUPPORT)
         self.listings: dict[int, int] = {}     # nodeid → fh, NO_OPENDIR listings
+        self.backing = BackingFiles(self.fd) if self.flags & wire.PASSTHROUGH else None
         self.counts = [0] * 64      # requests per opcode
 
     def close(self) -> None:
+        if self.backing is not None:
+            self.backing.close()
         for fh in self.listings.values():
             _run(self.ops.releasedir(fh))
         self.listings.clear()
@@ -284,16 +288,25 @@ class Dispatcher:
 
     # -- files ----------------------------------------------------------------------
 
-    def _open_out(self, fi) -> bytes:
-        flags = ((wire.FOPEN_KEEP_CACHE if fi.keep_cache else 0)
-                 | (wire.FOPEN_DIRECT_IO if fi.direct_io else 0)
-                 | (wire.FOPEN_NONSEEKABLE if fi.nonseekable else 0))
-        return wire.OPEN_OUT.pack(fi.fh, flags, 0)
+    def _open_out(self, fi, nodeid: int, flags: int) -> bytes:
+        """``fuse_open_out``; under passthrough with the inode's backing id."""
+        oflags = ((wire.FOPEN_KEEP_CACHE if fi.keep_cache else 0)
+                  | (wire.FOPEN_DIRECT_IO if fi.direct_io else 0)
+                  | (wire.FOPEN_NONSEEKABLE if fi.nonseekable else 0))
+        backing_id = 0
+        if self.backing is not None:
+            found = self.backing.acquire(nodeid, fi.fh, flags & os.O_ACCMODE != os.O_RDONLY)
+            if found is not None:
+                backing_id = found
+                oflags = (oflags & ~(wire.FOPEN_KEEP_CACHE | wire.FOPEN_DIRECT_IO)
+                          | wire.FOPEN_PASSTHROUGH)
+        return wire.OPEN_OUT.pack(fi.fh, oflags, backing_id)
 
     def open(self, unique, nodeid, ctx, body):
         flags, open_flags = wire.U32_PAIR.unpack_from(body)
         ctx.kill_suidgid = bool(open_flags & wire.OPEN_KILL_SUIDGID)
-        self.reply(unique, self._open_out(_run(self.ops.open(nodeid, flags, ctx))))
+        fi = _run(self.ops.open(nodeid, flags, ctx))
+        self.reply(unique, self._open_out(fi, nodeid, flags))
 
     def create(self, unique, nodeid, ctx, body):
         flags, mode, umask, open_flags = wire.CREATE_IN.unpack_from(body)
@@ -301,7 +314,7 @@ class Dispatcher:
         ctx.kill_suidgid = bool(open_flags & wire.OPEN_KILL_SUIDGID)
         name = bytes(body[16:-1])
         fi, e = _run(self.ops.create(nodeid, name, mode, flags, ctx))
-        self.reply(unique, pack_entry(e) + self._open_out(fi))
+        self.reply(unique, pack_entry(e) + self._open_out(fi, e.st_ino, flags))
 
     def read(self, unique, nodeid, ctx, body):
         fh, off, size, *_ = wire.RW_IN.unpack_from(body)
@@ -320,7 +333,10 @@ class Dispatcher:
         self.reply(unique)
 
     def release(self, unique, nodeid, ctx, body):
-        _run(self.ops.release(wire.RELEASE_IN.unpack_from(body)[0]))
+        fh = wire.RELEASE_IN.unpack_from(body)[0]
+        if self.backing is not None:
+            self.backing.release(fh)
+        _run(self.ops.release(fh))
         self.reply(unique)
 
     def fsync(self, unique, nodeid, ctx, body):

@@ -70,8 +70,9 @@ class KernelSession:
 
     name = "kernel"
 
-    def __init__(self, ops, mountpoint: bytes, options: list[str]):
+    def __init__(self, ops, mountpoint: bytes, options: list[str], *, passthrough=False):
         self.ops = ops
+        self.passthrough = passthrough     # asked for; ``flags`` says if granted
         self.mountpoint = mountpoint
         self.options = options
         self.fd: int | None = None
@@ -131,7 +132,13 @@ class KernelSession:
     def want(self, offered: int) -> int:
         """The flags we ask for, given what the kernel *offered*."""
         want = _BASE | wire.HANDLE_KILLPRIV_V2 | wire.READDIRPLUS_AUTO
-        if self.ops.enable_writeback_cache:
+        if self.passthrough and offered & wire.PASSTHROUGH and os.geteuid() == 0:
+            # one or the other per mount: the kernel refuses passthrough together
+            # with the writeback cache
+            want |= wire.PASSTHROUGH
+            self.ops.enable_writeback_cache = False
+            self.ops.passthrough = True
+        elif self.ops.enable_writeback_cache:
             want |= wire.WRITEBACK_CACHE
         return want
 

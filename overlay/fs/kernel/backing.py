@@ -1,0 +1,102 @@
+"""Passthrough backing files: one kernel backing id per FUSE inode while it is open.
+
+With ``FUSE_PASSTHROUGH`` negotiated, an OPEN/CREATE reply may carry
+``FOPEN_PASSTHROUGH`` and a backing id (``FUSE_DEV_IOC_BACKING_OPEN`` on the
+``/dev/fuse`` fd with a real file's fd): the kernel then reads and writes that real file
+itself, and never sends READ/WRITE for the handle.  The kernel wants every passthrough
+open of one inode to use the same backing file, so ids are per inode and refcounted by
+its opens; the last RELEASE closes the id (``FUSE_DEV_IOC_BACKING_CLOSE``).
+
+The backing file is opened read-write (as root, whoever opens), so a later open for
+writing can share an id a read-only open created.  Where that cannot be done (a running
+executable: ``ETXTBSY``; a read-only file system) a read-only backing file serves, and
+an open for writing of that inode meanwhile is not passed through (the kernel then
+refuses it with ``ETXTBSY``, as the real file would for an executable being run).
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import logging
+import os
+
+from rewindfs.overlay.fs.kernel import wire
+
+log = logging.getLogger(__name__)
+
+__all__ = ["BackingFiles"]
+
+
+class BackingFiles:
+    """Backing ids of the inodes open now: ``acquire`` on open, ``release`` on
+    RELEASE.  ``fd``: the session's ``/dev/fuse`` fd."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+        self.by_inode: dict[int, list] = {}    # nodeid → [backing id, count, fd, writable]
+        self.by_fh: dict[int, int] = {}        # fh → nodeid, for RELEASE
+        self.failed = 0
+
+    def acquire(self, nodeid: int, fh: int, writable: bool) -> int | None:
+        """The backing id for a new open *fh* of *nodeid*, or None (no passthrough
+        for this open)."""
+        entry = self.by_inode.get(nodeid)
+        if entry is None:
+            entry = self._open(nodeid, fh)
+            if entry is None:
+                return None
+        elif writable and not entry[3]:
+            return None
+        entry[1] += 1
+        self.by_fh[fh] = nodeid
+        return entry[0]
+
+    def _open(self, nodeid: int, fh: int):
+        path = f"/proc/self/fd/{fh}"
+        try:
+            bfd, writable = os.open(path, os.O_RDWR | os.O_CLOEXEC), True
+        except OSError:
+            try:
+                bfd, writable = os.open(path, os.O_RDONLY | os.O_CLOEXEC), False
+            except OSError:
+                return None
+        try:
+            arg = bytearray(wire.BACKING_MAP.pack(bfd, 0, 0))
+            backing_id = fcntl.ioctl(self.fd, wire.DEV_IOC_BACKING_OPEN, arg, True)
+        except OSError as exc:
+            os.close(bfd)
+            self.failed += 1
+            if self.failed <= 3:
+                log.warning("passthrough refused by the kernel for inode %d: %s", nodeid, exc)
+            return None
+        entry = [backing_id, 0, bfd, writable]
+        self.by_inode[nodeid] = entry
+        return entry
+
+    def release(self, fh: int) -> None:
+        """The open *fh* ended: the inode's id goes when its last open does."""
+        nodeid = self.by_fh.pop(fh, None)
+        if nodeid is None:
+            return
+        entry = self.by_inode[nodeid]
+        entry[1] -= 1
+        if entry[1] <= 0:
+            del self.by_inode[nodeid]
+            self._close(entry)
+
+    def _close(self, entry) -> None:
+        try:
+            fcntl.ioctl(self.fd, wire.DEV_IOC_BACKING_CLOSE,
+                        bytearray(wire.U32_PAIR.pack(entry[0], 0)[:4]), True)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOENT, errno.EBADF, errno.ENODEV):
+                log.warning("closing backing id %d failed: %s", entry[0], exc)
+        os.close(entry[2])
+
+    def close(self) -> None:
+        """Close every id (at unmount)."""
+        for entry in self.by_inode.values():
+            self._close(entry)
+        self.by_inode.clear()
+        self.by_fh.clear()
