@@ -42,6 +42,10 @@ class LibfuseSession:
         self.ops = ops
         self.mountpoint = mountpoint
 
+    def request_counts(self) -> dict[str, int]:
+        """Not known: libfuse does not count."""
+        return {}
+
     def start(self) -> None:
         pyfuse3.init(self.ops, os.fsdecode(self.mountpoint), mount_options())
 

@@ -1137,6 +1137,7 @@ class RewindOperations(pyfuse3.Operations):
                 "writeback": self.enable_writeback_cache, "passthrough": self.passthrough,
                 "session": sess.name if sess is not None else None,
                 "fuse_flags": sess.flags if sess is not None else 0,
+                "requests": sess.request_counts() if sess is not None else {},
                 "store_syncs": self.store.statistics()["durability"]["syncs"],
                 "open_files": len(self.handles), **self.stats, **self.table.statistics()}
 

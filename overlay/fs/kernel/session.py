@@ -49,7 +49,8 @@ FLAG_NAMES = {
     "readdirplus_auto": wire.READDIRPLUS_AUTO, "passthrough": wire.PASSTHROUGH,
     "writeback_cache": wire.WRITEBACK_CACHE, "max_pages": wire.MAX_PAGES,
     "init_ext": wire.INIT_EXT, "readdirplus": wire.DO_READDIRPLUS,
-    "atomic_o_trunc": wire.ATOMIC_O_TRUNC,
+    "atomic_o_trunc": wire.ATOMIC_O_TRUNC, "auto_inval_data": wire.AUTO_INVAL_DATA,
+    "async_read": wire.ASYNC_READ, "parallel_dirops": wire.PARALLEL_DIROPS,
 }
 
 
