@@ -147,9 +147,10 @@ class RewindOperations(pyfuse3.Operations):
     # are captured at open() and turn marks flush dirty pages first: docs/concurrency.md.
     enable_writeback_cache = False
     # Set by the kernel-direct session when it negotiated passthrough (then never the
-    # writeback cache): reads and writes of open files go to the real file without us,
-    # so files opened for writing are captured at open() and again at every epoch
-    # change while they stay open (set_epoch): docs/concurrency.md.
+    # writeback cache): read-only opens go to the real file without us, opens that can
+    # write are direct I/O through the handlers — except a writer of a file a reader
+    # holds passed through, whose writes never reach us (``passthrough_writer``):
+    # docs/concurrency.md.
     passthrough = False
 
     def __init__(self, root_fd: int, store, ws: int, *, writeback: bool = False,
@@ -169,6 +170,7 @@ class RewindOperations(pyfuse3.Operations):
         self._token = object()
         self.handles: dict[int, object] = {}
         self.sync_handles: set[int] = set()     # real fds opened O_SYNC / O_DSYNC
+        self.pt_writers: set[int] = set()       # writable handles passed through
         self.dirs: dict[int, tuple[int, int, list[bytes]]] = {}  # fh → (fd, inode, names)
         self._next_dir = 1
         self._as_root = os.geteuid() == 0
@@ -193,43 +195,40 @@ class RewindOperations(pyfuse3.Operations):
     # -- epochs and capture --------------------------------------------------------
 
     def set_epoch(self, epoch_id: int) -> None:
-        """Captures from now on go to *epoch_id*; the "already captured" set restarts.
-        Under passthrough, every file open for writing is captured into the new epoch
-        here, before the mark returns (its writes never pass through us)."""
+        """Captures from now on go to *epoch_id*; the "already captured" set restarts."""
         if epoch_id != self.epoch_id:
             self.epoch_id = epoch_id
             self.captured.clear()
             self._token = object()
-            if self.passthrough:
-                self._capture_open_writers()
+            if self.pt_writers:
+                self._capture_passthrough_writers()
 
-    def _capture_open_writers(self) -> None:
-        """Pre-images, in the current epoch, of every file a handle can write now.  A
-        failure cannot refuse anything (the writes go to the real file directly): it is
-        logged and counted, and that file has no pre-image in this epoch."""
-        nodes = {}
-        for fd, node in self.handles.items():
-            if fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE != os.O_RDONLY:
-                nodes[id(node)] = node
-        for node in nodes.values():
+    def passthrough_writer(self, fh: int) -> None:
+        """Handle *fh* can write and is passed through: its writes will not reach us.
+        Its file is captured now (a failure fails the open) and again at every epoch
+        change while the handle stays open (``set_epoch``)."""
+        self._guard_node(self.handles[fh])
+        self.pt_writers.add(fh)
+
+    def _capture_passthrough_writers(self) -> None:
+        """Pre-images, in the new epoch, of the files passed-through writers hold.  A
+        failure cannot refuse anything (their writes go to the real file directly): it
+        is logged and counted, and that file has no pre-image in this epoch."""
+        for node in {id(self.handles[fh]): self.handles[fh] for fh in self.pt_writers}.values():
             try:
                 self._guard_node(node)
             except FUSEError as exc:
-                log.warning("capture at the epoch change of a file open for writing "
-                            "failed (%s): its writes in this epoch have no pre-image",
-                            os.strerror(exc.errno))
-        if nodes and self.sync_handles:
-            with contextlib.suppress(FUSEError):   # logged; nothing to refuse here
-                self._sync_for_passthrough()
+                log.warning("capture at the epoch change of a file written through "
+                            "passthrough failed (%s)", os.strerror(exc.errno))
 
-    def _sync_for_passthrough(self) -> None:
-        """Under passthrough an ``O_SYNC`` write is durable without asking us, so the
-        pre-images it depends on are made durable when they are taken (invariant 12)."""
-        try:
-            self.store.sync()
-        except (RewindfsError, OSError) as exc:
-            log.warning("store sync for an O_SYNC file under passthrough failed: %s", exc)
-            raise FUSEError(errno.EIO) from None
+    def writable(self, fh: int) -> bool:
+        """True if some open handle can write to the real file of handle *fh* (this one
+        included): then the kernel session passes no open of that file through."""
+        node = self.handles.get(fh)
+        if node is None:
+            return False
+        return any(fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE != os.O_RDONLY
+                   for fd in node.handles)
 
     def epoch_changed(self) -> None:
         """Reload the current epoch from the store (after a rewind or turn mark); a
@@ -733,14 +732,12 @@ class RewindOperations(pyfuse3.Operations):
                 self._refuse_fenced(path)
             if self.busy:
                 self._refuse_busy_node(node)
-        if flags & os.O_TRUNC or ((self.enable_writeback_cache or self.passthrough)
+        if flags & os.O_TRUNC or (self.enable_writeback_cache
                                   and flags & os.O_ACCMODE != os.O_RDONLY):
             # With the writeback cache a write(2) returns before we see it, so the
             # pre-image is taken here, where a failure can still refuse the open
             # (fail closed, invariant 2); see docs/concurrency.md.
             self._guard_node(node)
-        if self.passthrough and flags & _OPEN_SYNC and flags & os.O_ACCMODE != os.O_RDONLY:
-            self._sync_for_passthrough()
         with self._parent(path) as (fd, name):
             rfd = os.open(name, self._real_flags(flags), dir_fd=fd)
         if flags & os.O_TRUNC and getattr(ctx, "kill_suidgid", False) and _kill_suidgid(rfd):
@@ -756,8 +753,6 @@ class RewindOperations(pyfuse3.Operations):
         # A name that exists after all (a stale negative dentry) is opened for writing:
         # its inode's other names change with it, so they are captured too.
         self._guard([(path, False), *self._twins(self._lstat_or_none(path))])
-        if self.passthrough and flags & _OPEN_SYNC:
-            self._sync_for_passthrough()
         with self._parent(path) as (fd, n):
             rfd = os.open(n, self._real_flags(flags) | os.O_CREAT | (flags & os.O_EXCL),
                           stat.S_IMODE(mode), dir_fd=fd)   # O_EXCL: EEXIST, as on disk
@@ -849,6 +844,7 @@ class RewindOperations(pyfuse3.Operations):
         node = self.handles.pop(fh)
         node.handles.discard(fh)
         self.sync_handles.discard(fh)
+        self.pt_writers.discard(fh)
         os.close(fh)
         if IGNORE_FILE in node.paths:
             self.reload_rules()

@@ -226,7 +226,7 @@ def test_kill_9_leaves_a_stale_mount_that_recover_clears(tmp_path, monkeypatch):
 PASSTHROUGH = {"REWINDFS_PASSTHROUGH": "1"}
 
 
-def test_passthrough_mount_reads_and_writes_without_the_daemon(tmp_path):
+def test_passthrough_mount_reads_and_writes(tmp_path):
     ws, store = tmp_path / "ws", tmp_path / "store"
     ws.mkdir()
     data = os.urandom(5 * MiB)
@@ -247,14 +247,17 @@ def test_passthrough_mount_reads_and_writes_without_the_daemon(tmp_path):
     assert (ws / "g").read_bytes() == b"new file"
 
 
-def test_passthrough_file_held_open_across_turn_marks_rewinds_to_each_mark(tmp_path):
-    """Its writes never reach the daemon, so the file is captured when it is opened
-    for writing and again into each new epoch at the mark: rewinding to a mark gives
-    the content it had then."""
+@pytest.mark.parametrize("reader", [False, True], ids=["alone", "with-a-reader"])
+def test_passthrough_file_held_open_across_turn_marks_rewinds_to_each_mark(tmp_path, reader):
+    """A file held open for writing across turn marks: rewinding to a mark gives the
+    content it had then.  Alone, the writer is direct I/O (each WRITE captured); while a
+    reader holds the file passed through, the writer is passed through too and its
+    file is captured at open and again into each new epoch at the mark."""
     ws, store = tmp_path / "ws", tmp_path / "store"
     ws.mkdir()
     (ws / "log").write_bytes(b"start\n")
     with mounted(ws, store, extra=KERNEL, env=PASSTHROUGH) as m:
+        held = open(ws / "log", "rb") if reader else None     # passed through
         e1 = m.call("turn.begin", session="s", turn=1, label="one")["epoch"]
         fd = os.open(ws / "log", os.O_WRONLY | os.O_APPEND)
         try:
@@ -264,6 +267,9 @@ def test_passthrough_file_held_open_across_turn_marks_rewinds_to_each_mark(tmp_p
             m.call("turn.end")
         finally:
             os.close(fd)
+        if held is not None:
+            assert held.read() == b"start\nturn one\nturn two\n"
+            held.close()
         assert (ws / "log").read_bytes() == b"start\nturn one\nturn two\n"
         res = m.call("rewind", to=f"e{e2}")
         assert res["failed"] == [], res["failed"]

@@ -1,17 +1,16 @@
 """Passthrough backing files: one kernel backing id per FUSE inode while it is open.
 
-With ``FUSE_PASSTHROUGH`` negotiated, an OPEN/CREATE reply may carry
-``FOPEN_PASSTHROUGH`` and a backing id (``FUSE_DEV_IOC_BACKING_OPEN`` on the
-``/dev/fuse`` fd with a real file's fd): the kernel then reads and writes that real file
-itself, and never sends READ/WRITE for the handle.  The kernel wants every passthrough
-open of one inode to use the same backing file, so ids are per inode and refcounted by
-its opens; the last RELEASE closes the id (``FUSE_DEV_IOC_BACKING_CLOSE``).
+With ``FUSE_PASSTHROUGH`` negotiated, an OPEN reply may carry ``FOPEN_PASSTHROUGH`` and
+a backing id (``FUSE_DEV_IOC_BACKING_OPEN`` on the ``/dev/fuse`` fd with a real file's
+fd): the kernel then reads and writes that real file itself and never sends READ/WRITE
+for the handle.  The kernel wants every open of an inode that has a backing file to be
+passed through with that same file, so ids are per inode and refcounted by its opens;
+the last RELEASE closes the id (``FUSE_DEV_IOC_BACKING_CLOSE``).
 
-The backing file is opened read-write (as root, whoever opens), so a later open for
-writing can share an id a read-only open created.  Where that cannot be done (a running
-executable: ``ETXTBSY``; a read-only file system) a read-only backing file serves, and
-an open for writing of that inode meanwhile is not passed through (the kernel then
-refuses it with ``ETXTBSY``, as the real file would for an executable being run).
+The backing file is opened read-write when it can be (as root, whoever opens), so a
+writer arriving while a reader holds the inode can share the id; where it cannot (a
+running executable: ``ETXTBSY``; a read-only file system) it is read-only, and a writer
+of that inode meanwhile is refused with ``EBUSY``.
 """
 
 from __future__ import annotations
@@ -39,14 +38,17 @@ class BackingFiles:
         self.failed = 0
 
     def acquire(self, nodeid: int, fh: int, writable: bool) -> int | None:
-        """The backing id for a new open *fh* of *nodeid*, or None (no passthrough
-        for this open)."""
+        """The backing id for a new open *fh* of *nodeid*, or None (the backing file
+        cannot serve it)."""
         entry = self.by_inode.get(nodeid)
         if entry is None:
             entry = self._open(nodeid, fh)
             if entry is None:
                 return None
-        elif writable and not entry[3]:
+        if writable and not entry[3]:
+            if entry[1] == 0:
+                del self.by_inode[nodeid]
+                self._close(entry)
             return None
         entry[1] += 1
         self.by_fh[fh] = nodeid

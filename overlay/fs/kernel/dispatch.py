@@ -289,18 +289,42 @@ class Dispatcher:
     # -- files ----------------------------------------------------------------------
 
     def _open_out(self, fi, nodeid: int, flags: int) -> bytes:
-        """``fuse_open_out``; under passthrough with the inode's backing id."""
+        """``fuse_open_out``.  Under passthrough the kernel wants every open of an inode
+        that has a backing id to be passed through too (else EIO), so
+        (docs/concurrency.md): an open is passed through when the inode already has a
+        backing id, or when it is read-only and no handle can write the file; every
+        other open of a regular file is direct I/O through the daemon (its writes are
+        captured like any WRITE).  A writer passed through (a reader had the file
+        open) is captured now and at every epoch change (``ops.passthrough_writer``)."""
         oflags = ((wire.FOPEN_KEEP_CACHE if fi.keep_cache else 0)
                   | (wire.FOPEN_DIRECT_IO if fi.direct_io else 0)
                   | (wire.FOPEN_NONSEEKABLE if fi.nonseekable else 0))
         backing_id = 0
         if self.backing is not None:
-            found = self.backing.acquire(nodeid, fi.fh, flags & os.O_ACCMODE != os.O_RDONLY)
-            if found is not None:
-                backing_id = found
+            writing = bool(flags & os.O_ACCMODE != os.O_RDONLY or flags & os.O_TRUNC)
+            shared = nodeid in self.backing.by_inode
+            if shared or not (writing or self.ops.writable(fi.fh)):
+                backing_id = self._pass_through(nodeid, fi.fh, writing)
                 oflags = (oflags & ~(wire.FOPEN_KEEP_CACHE | wire.FOPEN_DIRECT_IO)
                           | wire.FOPEN_PASSTHROUGH)
+            else:
+                oflags = (oflags & ~wire.FOPEN_KEEP_CACHE) | wire.FOPEN_DIRECT_IO
         return wire.OPEN_OUT.pack(fi.fh, oflags, backing_id)
+
+    def _pass_through(self, nodeid: int, fh: int, writing: bool) -> int:
+        """The backing id for *fh*; if none can be had, the open fails (``EBUSY``) and
+        the handle is released — the kernel would fail it anyway."""
+        try:
+            found = self.backing.acquire(nodeid, fh, writing)
+            if found is None:
+                raise FUSEError(errno.EBUSY)
+            if writing:
+                self.ops.passthrough_writer(fh)
+            return found
+        except BaseException:
+            self.backing.release(fh)
+            _run(self.ops.release(fh))
+            raise
 
     def open(self, unique, nodeid, ctx, body):
         flags, open_flags = wire.U32_PAIR.unpack_from(body)

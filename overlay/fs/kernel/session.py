@@ -136,7 +136,9 @@ class KernelSession:
         if self.passthrough and offered & wire.PASSTHROUGH and os.geteuid() == 0:
             # one or the other per mount: the kernel refuses passthrough together
             # with the writeback cache
-            want |= wire.PASSTHROUGH
+            # writers are direct I/O then (dispatch._open_out); shared mmap of such a
+            # file needs this (the kernel refuses it with ENODEV otherwise)
+            want |= wire.PASSTHROUGH | wire.DIRECT_IO_ALLOW_MMAP
             self.ops.enable_writeback_cache = False
             self.ops.passthrough = True
         elif self.ops.enable_writeback_cache:

@@ -90,6 +90,7 @@ MAX_PAGES = 1 << 22
 NO_OPENDIR_SUPPORT = 1 << 24
 HANDLE_KILLPRIV_V2 = 1 << 28
 INIT_EXT = 1 << 30
+DIRECT_IO_ALLOW_MMAP = 1 << 36
 PASSTHROUGH = 1 << 37
 
 # -- other flags -------------------------------------------------------------------------
