@@ -116,6 +116,8 @@ class KernelSession:
             break
         offered = kflags | ((kflags2 << 32) if kflags & wire.INIT_EXT else 0)
         offered &= ~hidden_flags()
+        if not offered & wire.INIT_EXT:     # without it the kernel reads no flags2
+            offered &= 0xFFFFFFFF
         self.kernel_minor = minor
         self.offered = offered
         self.flags = self.want(offered) & offered
