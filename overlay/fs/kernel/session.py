@@ -10,8 +10,9 @@ The loop is lean on purpose (docs/benchmarks.md): the fd is non-blocking; a requ
 is read with one ``readv`` into a reused buffer, dispatched, answered with one
 ``writev``; ``poll`` on trio's own epoll fd says whether another task (the control
 socket, a worker thread's result) waits, and only then — or every ``_FAIR_EVERY``
-requests, for timers — does the loop pass a trio checkpoint.  Idle, it parks in
-``trio.lowlevel.wait_readable``.  Handlers never await (docs/concurrency.md), so one
+requests, for timers — does the loop pass a trio checkpoint.  With no request queued
+it first waits up to ``_IDLE_MS`` in ``poll`` on both fds (``_idle_waiter``), and only
+then parks in ``trio.lowlevel.wait_readable``.  Handlers never await (docs/concurrency.md), so one
 request runs to completion before the next is read, as with the libfuse session.
 """
 
@@ -33,6 +34,7 @@ log = logging.getLogger(__name__)
 __all__ = ["KernelSession", "SessionEnded"]
 
 _FAIR_EVERY = 32
+_IDLE_MS = 2          # the longest the loop waits for a request outside trio
 _MAX_PAGES = 256
 _MAX_WRITE = _MAX_PAGES * 4096
 _BUFSIZE = _MAX_WRITE + 4096          # the kernel wants room for max_write + headers
@@ -155,12 +157,15 @@ class KernelSession:
         readv, handle = os.readv, self.dispatch.handle
         others, runq = trio_internals()
         poll = _poller(others)
+        idle = _idle_waiter(fd, others)
         countdown = _FAIR_EVERY
         try:
             while True:
                 try:
                     n = readv(fd, [buf])
                 except BlockingIOError:
+                    if not runq and idle():    # the next request came, nothing else
+                        continue
                     countdown = _FAIR_EVERY
                     await trio.lowlevel.wait_readable(fd)
                     continue
@@ -229,6 +234,26 @@ class KernelSession:
             mounting.detach(self.mountpoint, fd)
         finally:
             os.close(fd)
+
+
+def _idle_waiter(fd: int, others):
+    """A short blocking wait for the next request without trio's scheduler: ``poll`` on
+    the FUSE fd *and* trio's epoll fd for at most ``_IDLE_MS``.  True: only a request
+    is waiting (read it at once).  False: trio has something to do, or nothing came —
+    then the loop parks in ``wait_readable`` as usual (timers run there).  A client
+    waiting for each reply before its next request (most of them) thus costs no trip
+    round trio per request; the trio thread sleeps in the kernel meanwhile, and any
+    other task's I/O, a worker's result or a signal wakes it at once."""
+    if others is None:
+        return lambda: False
+    p = select.poll()
+    p.register(fd, select.POLLIN)
+    p.register(others, select.POLLIN)
+
+    def wait() -> bool:
+        ready = p.poll(_IDLE_MS)
+        return len(ready) == 1 and ready[0][0] == fd
+    return wait
 
 
 def _poller(fd):
