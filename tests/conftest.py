@@ -11,10 +11,10 @@ Every test under ``tests/mount/`` and ``tests/e2e/`` gets the ``mount`` marker h
 ``mount`` test is skipped with the reason instead of failing in its fixture.
 
 Every daemon the tests start uses the FUSE session layer named by ``REWINDFS_SESSION``
-(default: libfuse).  ``--fuse-session kernel`` (or ``libfuse``) sets it for the whole
-run, so CI runs the mount tier once per session layer:
-``scripts/test.sh tests/mount --fuse-session kernel`` as a second job (tests that name
-a session with ``--session`` keep theirs).
+(default: the kernel-direct session as root, ``fs.session.default``).
+``--fuse-session libfuse`` (or ``kernel``) sets it for the whole run, so CI runs the
+mount tier once per session layer: ``scripts/test.sh tests/mount --fuse-session
+libfuse`` as a second job (tests that name a session with ``--session`` keep theirs).
 
 The shared kits (``mountkit``, ``relkit``, ``restorekit``, ``store_fixtures``,
 ``treesnap``, ``pointcheck``, ``tmpfskit``, ``rewind_agent``, ``ptykit``) stay in ``tests/`` and are

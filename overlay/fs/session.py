@@ -6,7 +6,7 @@ Two session layers serve the same handlers (``fs.ops.RewindOperations``):
               the kernel for what libfuse 3.14 cannot (docs/benchmarks.md);
 - ``libfuse`` pyfuse3's (``fs.libfuse``), which runs wherever pyfuse3 builds.
 
-``choose(name)`` picks one (``None``: ``REWINDFS_SESSION``, else ``DEFAULT``).  The
+``choose(name)`` picks one (``None``: ``REWINDFS_SESSION``, else ``default()``).  The
 daemon uses ``mount``/``serve``/``unmount``; the handlers use ``readdir_reply``; the
 notifier uses ``invalidate_inode``/``invalidate_entry``.  One session per process.
 """
@@ -19,18 +19,24 @@ from rewindfs.overlay.fs.kernel.dispatch import readdir_reply as _kernel_readdir
 from rewindfs.overlay.fs.kernel.session import KernelSession
 from rewindfs.overlay.fs.libfuse import LibfuseSession, mount_options
 
-__all__ = ["DEFAULT", "SESSIONS", "active", "choose", "invalidate_entry", "invalidate_inode",
+__all__ = ["SESSIONS", "active", "choose", "default", "invalidate_entry", "invalidate_inode",
            "mount", "readdir_reply", "serve", "unmount"]
 
 SESSIONS = ("libfuse", "kernel")
-DEFAULT = "libfuse"
 _active = None
 
 
+def default() -> str:
+    """``kernel`` as root (it mounts with ``mount(2)``: the path the test suite and
+    pjdfstest cover), ``libfuse`` otherwise (a user's mount goes through fusermount3,
+    which the kernel session supports but the suite does not exercise)."""
+    return "kernel" if os.geteuid() == 0 else "libfuse"
+
+
 def choose(name: str | None = None) -> str:
-    """The session layer to use: *name*, else ``REWINDFS_SESSION``, else ``DEFAULT``;
+    """The session layer to use: *name*, else ``REWINDFS_SESSION``, else ``default()``;
     ``ValueError`` for an unknown name."""
-    name = name or os.environ.get("REWINDFS_SESSION") or DEFAULT
+    name = name or os.environ.get("REWINDFS_SESSION") or default()
     if name not in SESSIONS:
         raise ValueError(f"unknown FUSE session {name!r} (one of: {', '.join(SESSIONS)})")
     return name
