@@ -26,6 +26,8 @@ log = logging.getLogger(__name__)
 
 __all__ = ["BackingFiles"]
 
+_IDLE_KEPT = 256     # backing ids kept after their inode's last release (fds: 256)
+
 
 class BackingFiles:
     """Backing ids of the inodes open now: ``acquire`` on open, ``release`` on
@@ -35,12 +37,14 @@ class BackingFiles:
         self.fd = fd
         self.by_inode: dict[int, list] = {}    # nodeid → [backing id, count, fd, writable]
         self.by_fh: dict[int, int] = {}        # fh → nodeid, for RELEASE
+        self.idle: dict[int, None] = {}        # nodeids whose opens all ended, oldest first
         self.failed = 0
 
     def acquire(self, nodeid: int, fh: int, writable: bool) -> int | None:
         """The backing id for a new open *fh* of *nodeid*, or None (the backing file
         cannot serve it)."""
         entry = self.by_inode.get(nodeid)
+        self.idle.pop(nodeid, None)
         if entry is None:
             entry = self._open(nodeid, fh)
             if entry is None:
@@ -77,15 +81,27 @@ class BackingFiles:
         return entry
 
     def release(self, fh: int) -> None:
-        """The open *fh* ended: the inode's id goes when its last open does."""
+        """The open *fh* ended.  An inode's id outlives its last open for a while (the
+        ``_IDLE_KEPT`` most recently released), so opening the same file again costs
+        no new backing file; the oldest idle one is closed when more are idle."""
         nodeid = self.by_fh.pop(fh, None)
         if nodeid is None:
             return
         entry = self.by_inode[nodeid]
         entry[1] -= 1
         if entry[1] <= 0:
-            del self.by_inode[nodeid]
-            self._close(entry)
+            self.idle[nodeid] = None
+            while len(self.idle) > _IDLE_KEPT:
+                old = next(iter(self.idle))
+                del self.idle[old]
+                self._close(self.by_inode.pop(old))
+
+    def forget(self, nodeid: int) -> None:
+        """The kernel forgot *nodeid*: an idle id of it goes now (the number may be
+        reused for another file)."""
+        if nodeid in self.idle:
+            del self.idle[nodeid]
+            self._close(self.by_inode.pop(nodeid))
 
     def _close(self, entry) -> None:
         try:
@@ -102,3 +118,4 @@ class BackingFiles:
             self._close(entry)
         self.by_inode.clear()
         self.by_fh.clear()
+        self.idle.clear()

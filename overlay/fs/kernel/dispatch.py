@@ -201,11 +201,16 @@ class Dispatcher:
         self.reply(unique, pack_entry(_run(self.ops.lookup(nodeid, bytes(body[:-1]), ctx))))
 
     def forget(self, unique, nodeid, ctx, body):
-        _run(self.ops.forget([(nodeid, wire.U64.unpack_from(body)[0])]))
+        self._forget([(nodeid, wire.U64.unpack_from(body)[0])])
 
     def batch_forget(self, unique, nodeid, ctx, body):
         count = wire.U32_PAIR.unpack_from(body)[0]
-        items = [wire.FORGET_ONE.unpack_from(body, 8 + 16 * i) for i in range(count)]
+        self._forget([wire.FORGET_ONE.unpack_from(body, 8 + 16 * i) for i in range(count)])
+
+    def _forget(self, items) -> None:
+        if self.backing is not None and self.backing.idle:
+            for nodeid, _ in items:
+                self.backing.forget(nodeid)
         _run(self.ops.forget(items))
 
     def getattr(self, unique, nodeid, ctx, body):
@@ -302,7 +307,7 @@ class Dispatcher:
         backing_id = 0
         if self.backing is not None:
             writing = bool(flags & os.O_ACCMODE != os.O_RDONLY or flags & os.O_TRUNC)
-            shared = nodeid in self.backing.by_inode
+            shared = nodeid in self.backing.by_inode and nodeid not in self.backing.idle
             if shared or not (writing or self.ops.writable(fi.fh)):
                 backing_id = self._pass_through(nodeid, fi.fh, writing)
                 oflags = (oflags & ~(wire.FOPEN_KEEP_CACHE | wire.FOPEN_DIRECT_IO)
