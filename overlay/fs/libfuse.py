@@ -36,7 +36,11 @@ class LibfuseSession:
 
     name = "libfuse"
     flags = 0
-    readdir_reply = staticmethod(pyfuse3.readdir_reply)
+
+    @staticmethod
+    def readdir_reply(token, name: bytes, attr, next_id: int) -> bool:
+        """``pyfuse3.readdir_reply``, looked up at each call (tests replace it)."""
+        return pyfuse3.readdir_reply(token, name, attr, next_id)
 
     def __init__(self, ops, mountpoint: bytes):
         self.ops = ops
