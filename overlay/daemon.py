@@ -233,12 +233,14 @@ def _recover_intent(root_fd: int, store, ws: int) -> None:
 
 
 def serve_mount(dir_path, store_path=None, *, recover: bool = False, ready=None,
-                writeback: bool = False) -> int:
+                writeback: bool = False, session_kind: str | None = None) -> int:
     """Mount the workspace and serve it until unmounted; returns 0 after a clean unmount.
 
     ``ready()`` is called once the mount is live (before the loop starts).  Errors before
-    that raise ``RewindfsError`` subclasses and leave nothing mounted.
+    that raise ``RewindfsError`` subclasses and leave nothing mounted.  *session_kind*:
+    the FUSE session layer (``fs.session.choose``: ``kernel`` or ``libfuse``).
     """
+    session_kind = session.choose(session_kind)
     raise_soft_limit()   # every fd cache takes a share of it: _fdbudget
     store_path = resolve_store_path(store_path)
     try:
@@ -258,7 +260,8 @@ def serve_mount(dir_path, store_path=None, *, recover: bool = False, ready=None,
         ws = store.workspace(real)
         root_fd = os.open(real, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
-            return _serve(store, ws, root_fd, real, store_path, ready, writeback)
+            return _serve(store, ws, root_fd, real, store_path, ready, writeback,
+                          session_kind)
         finally:
             os.close(root_fd)
 
@@ -284,7 +287,7 @@ def writeback_default() -> bool:
     return os.environ.get("REWINDFS_WRITEBACK", "1") != "0"
 
 
-def _serve(store, ws, root_fd, real, store_path, ready, writeback) -> int:
+def _serve(store, ws, root_fd, real, store_path, ready, writeback, session_kind) -> int:
     writeback = writeback or writeback_default()
     _recover_intent(root_fd, store, ws)
     _preload(real)
@@ -295,13 +298,14 @@ def _serve(store, ws, root_fd, real, store_path, ready, writeback) -> int:
         os.chdir("/")  # never keep our own mount (or the bare dir) busy
         fs = RewindOperations(root_fd, store, ws, writeback=writeback)
         try:
-            session.mount(fs, real)
+            session.mount(fs, real, session_kind)
         except RuntimeError as exc:
             raise MountFailed(path=os.fsdecode(real), reason=str(exc)) from None
         try:
             ctx = DaemonContext(store=store, ws=ws, root_fd=root_fd, workspace_path=real,
                                 socket_path=sock_path, fs=fs)
-            log.info("mounted %s (workspace %d, epoch %d)", os.fsdecode(real), ws, fs.epoch_id)
+            log.info("mounted %s (workspace %d, epoch %d, %s session)", os.fsdecode(real), ws,
+                     fs.epoch_id, session_kind)
             if ready is not None:
                 ready()
             trio.run(_run, ctx, listener)

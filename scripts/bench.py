@@ -243,12 +243,23 @@ def bare_target(work: Path):
     yield d, None
 
 
+# rewindfs targets: the FUSE session layer and its per-mount caching choice
+# (docs/benchmarks.md): libfuse (pyfuse3) with the writeback cache, the kernel-direct
+# session with the writeback cache, the kernel-direct session with passthrough.
+REWINDFS_TARGETS = {
+    "rewindfs": {"REWINDFS_SESSION": "libfuse"},
+    "rewindfs-kernel": {"REWINDFS_SESSION": "kernel", "REWINDFS_PASSTHROUGH": "0"},
+    "rewindfs-kernel-pt": {"REWINDFS_SESSION": "kernel", "REWINDFS_PASSTHROUGH": "1"},
+}
+
+
 @contextmanager
-def rewindfs_target(work: Path, store: Path, session: str = "bench"):
+def rewindfs_target(work: Path, store: Path, session: str = "bench", env=None):
     d = work / "rw"
     d.mkdir()
     proc = subprocess.Popen([PY, "-m", "rewindfs.overlay.cli", "mount", str(d), "--foreground",
-                             "--store", str(store)], cwd=REPO)
+                             "--store", str(store)], cwd=REPO,
+                            env=dict(os.environ, **(env or REWINDFS_TARGETS["rewindfs"])))
     try:
         _wait_mounted(d, proc)
         ctl = Control(store, d)
@@ -304,8 +315,8 @@ def target_cm(target: str, rep_dir: Path, store: Path, session: str, example, ex
     """The context manager of one target, yielding (directory, handle)."""
     if target == "bare":
         return bare_target(rep_dir)
-    if target == "rewindfs":
-        return rewindfs_target(rep_dir, store, session=session)
+    if target in REWINDFS_TARGETS:
+        return rewindfs_target(rep_dir, store, session=session, env=REWINDFS_TARGETS[target])
     if target == "naive":
         return naive_target(rep_dir, example)
     argv = FLOOR_TARGETS.get(target) or external[target]
@@ -376,17 +387,31 @@ def run_suite(target_cm, ctx, fuse: bool) -> dict[str, float]:
     untimed, ``sync()`` flushes everything to disk so one workload's writeback does not
     slow the next."""
     times = {}
-    with target_cm as (d, _handle):
+    with target_cm as (d, handle):
+        ctl = handle[1] if isinstance(handle, tuple) else None
         for name, fn in workloads(ctx):
             if ctx.get("workload") and not any(w in name for w in ctx["workload"]):
                 continue
             os.sync()
+            before = _requests(ctl)
             t0 = time.perf_counter()
             fn(d, ctx)
             if fuse:
                 _syncfs_at(d)
             times[name] = time.perf_counter() - t0
+            if before is not None:      # untimed: the kernel session counts requests
+                after = _requests(ctl)
+                ctx.setdefault("counts", {}).setdefault(ctx["target"], {}).setdefault(
+                    name, []).append(sum(after.values()) - sum(before.values()))
     return times
+
+
+def _requests(ctl) -> dict | None:
+    """Requests served so far by a rewindfs daemon's session (None: not counted)."""
+    if ctl is None:
+        return None
+    counts = ctl.call("status")["fs"].get("requests")
+    return counts or None
 
 
 def suite(args, work: Path, store: Path, example: Path | None, ctx) -> dict:
@@ -401,6 +426,7 @@ def suite(args, work: Path, store: Path, example: Path | None, ctx) -> dict:
             rep_dir = work / f"{target}-{rep}"
             rep_dir.mkdir()
             cm = target_cm(target, rep_dir, store, f"bench{rep}", example, args.external)
+            ctx["target"] = target
             times = run_suite(cm, ctx, fuse=target != "bare")
             for name, t in times.items():
                 results.setdefault(target, {}).setdefault(name, []).append(t)
@@ -436,21 +462,24 @@ def print_suite(table: dict) -> None:
         print(line)
     line = f"{'geometric mean (ratio)':32s}" + "".join(f"{table[t]['geomean_ratio']:>23.2f}x" for t in targets)
     print(line)
-    if "naive" in table and "rewindfs" in table:
-        print(f"rewindfs vs naive reference (geomean): "
-              f"{table['naive']['geomean_ratio'] / table['rewindfs']['geomean_ratio']:.2f}x faster")
+    for rw in [t for t in table if t in REWINDFS_TARGETS]:
+        if "naive" in table:
+            print(f"{rw} vs naive reference (geomean): "
+                  f"{table['naive']['geomean_ratio'] / table[rw]['geomean_ratio']:.2f}x faster")
     for line in floor_lines(table):
         print(line)
 
 
 def floor_lines(table: dict) -> list[str]:
-    """rewindfs against each floor target: how much of its geomean the floor already is."""
-    if "rewindfs" not in table:
-        return []
-    rw = table["rewindfs"]["geomean_ratio"]
-    return [f"floor {t}: geomean {table[t]['geomean_ratio']:.2f}x bare; rewindfs is "
-            f"{rw / table[t]['geomean_ratio']:.2f}x this floor"
-            for t in table if t not in ("bare", "rewindfs", "naive")]
+    """Each rewindfs target against each floor target: how much of its geomean the
+    floor already is."""
+    out = []
+    for rw in [t for t in table if t in REWINDFS_TARGETS]:
+        g = table[rw]["geomean_ratio"]
+        out += [f"floor {t}: geomean {table[t]['geomean_ratio']:.2f}x bare; {rw} is "
+                f"{g / table[t]['geomean_ratio']:.2f}x this floor"
+                for t in table if t in FLOOR_TARGETS]
+    return out
 
 
 # --- turn marks, rewind, store, RSS -----------------------------------------------
@@ -697,6 +726,9 @@ def targets(report: dict) -> list[tuple[str, str, bool]]:
             gain = suite["naive"]["geomean_ratio"] / rw["geomean_ratio"]
             rows.append((">= 3x faster than the naive reference (geomean)", f"{gain:.2f}x",
                          gain >= 3))
+    for name in ("rewindfs-kernel-pt", "rewindfs-kernel"):
+        if name in suite:
+            rows += _kernel_targets(name, suite)
     marks = report.get("turn_marks", {})
     for n, m in marks.items():
         if isinstance(m, dict):
@@ -716,6 +748,24 @@ def targets(report: dict) -> list[tuple[str, str, bool]]:
                      f"{rw['store_ratio_tree']:.2f}x", rw["store_ratio_tree"] <= 1.1))
         rows.append(("store bytes <= 1.1x unique changed bytes (big file)",
                      f"{rw['store_ratio_big']:.2f}x", rw["store_ratio_big"] <= 1.1))
+    return rows
+
+
+def _kernel_targets(name: str, suite: dict) -> list[tuple[str, str, bool]]:
+    """Issue 17's targets for a kernel-direct session target."""
+    w = suite[name]["workloads"]
+    rows = [(f"{name}: suite geomean <= 2.0x bare", f"{suite[name]['geomean_ratio']:.2f}x",
+             suite[name]["geomean_ratio"] <= 2.0)]
+    for key, limit in (("sequential", 1.1), ("sqlite", 1.5), ("random writes", 1.5)):
+        for wl, r in w.items():
+            if key in wl:
+                rows.append((f"{name}: {wl} <= {limit}x", f"{r['ratio']:.2f}x",
+                             r["ratio"] <= limit))
+    if "floor-min" in suite:
+        above = [wl for wl, r in w.items()
+                 if r["ratio"] >= suite["floor-min"]["workloads"][wl]["ratio"]]
+        rows.append((f"{name}: every workload below floor-min", ", ".join(above) or "all below",
+                     not above))
     return rows
 
 
@@ -806,6 +856,9 @@ def markdown(report: dict) -> str:
         lines = floor_lines(suite)
         if lines:
             out += [f"- {ln}" for ln in lines] + [""]
+    for name in ("rewindfs-kernel-pt", "rewindfs-kernel"):
+        if name in suite:
+            rows += _kernel_targets(name, suite)
     marks = report.get("turn_marks", {})
     if marks:
         out += ["| turn mark on | p50 | p99 |", "|---|---|---|"]
@@ -841,8 +894,10 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--quick", action="store_true", help="smaller sizes, for a smoke run")
     ap.add_argument("--no-naive", action="store_true", help="skip the naive passthrough reference")
-    ap.add_argument("--targets", nargs="+", default=["bare", "rewindfs", "naive"],
-                    choices=["bare", "rewindfs", "naive", *FLOOR_TARGETS],
+    ap.add_argument("--targets", nargs="+",
+                    default=["bare", "rewindfs-kernel-pt", "rewindfs-kernel", "rewindfs",
+                             "naive", "floor-min"],
+                    choices=["bare", *REWINDFS_TARGETS, "naive", *FLOOR_TARGETS],
                     help="floor-ours / floor-min: rewindfs's FUSE configuration without "
                          "capture (scripts/bench_floor_fs.py)")
     ap.add_argument("--external-target", action="append", default=[], metavar="NAME=CMD",
@@ -891,6 +946,12 @@ def main(argv=None) -> int:
             table = ratios(raw)
             print_suite(table)
             report["suite"] = table
+            if ctx.get("counts"):
+                report["requests"] = {t: {w: statistics.median(v) for w, v in per.items()}
+                                      for t, per in ctx.pop("counts").items()}
+                for t, per in report["requests"].items():
+                    print(f"requests per workload, {t}: "
+                          + ", ".join(f"{w} {n:,.0f}" for w, n in per.items()))
         if "marks" in only:
             print("== turn mark latency")
             report["turn_marks"] = turn_marks(args, work, sizes)

@@ -150,7 +150,7 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--calls", type=int, default=2000)
     ap.add_argument("--targets", nargs="+", default=["bare", "rewindfs", "floor-ours", "floor-min"],
-                    choices=["bare", "rewindfs", *bench.FLOOR_TARGETS])
+                    choices=["bare", *bench.REWINDFS_TARGETS, *bench.FLOOR_TARGETS])
     ap.add_argument("--external-target", action="append", default=[], metavar="NAME=CMD")
     ap.add_argument("--workdir", default=None)
     ap.add_argument("--out", default=str(bench.REPO / "bench-results" / "roundtrip.json"))

@@ -10,6 +10,12 @@ Every test under ``tests/mount/`` and ``tests/e2e/`` gets the ``mount`` marker h
 ``pytest -m "not mount"`` runs where there is no FUSE; where FUSE is missing, every
 ``mount`` test is skipped with the reason instead of failing in its fixture.
 
+Every daemon the tests start uses the FUSE session layer named by ``REWINDFS_SESSION``
+(default: the kernel-direct session as root, ``fs.session.default``).
+``--fuse-session libfuse`` (or ``kernel``) sets it for the whole run, so CI runs the
+mount tier once per session layer: ``scripts/test.sh tests/mount --fuse-session
+libfuse`` as a second job (tests that name a session with ``--session`` keep theirs).
+
 The shared kits (``mountkit``, ``relkit``, ``restorekit``, ``store_fixtures``,
 ``treesnap``, ``pointcheck``, ``tmpfskit``, ``rewind_agent``, ``ptykit``) stay in ``tests/`` and are
 imported by those names from every tier (``pythonpath`` in pyproject.toml).
@@ -51,6 +57,18 @@ def fuse_missing() -> str | None:
     if shutil.which("fusermount3") is None:
         return "needs fusermount3 (FUSE, package fuse3): not on PATH"
     return None
+
+
+def pytest_addoption(parser):
+    parser.addoption("--fuse-session", choices=("libfuse", "kernel"), default=None,
+                     help="the FUSE session layer of every daemon the tests start "
+                          "(sets REWINDFS_SESSION)")
+
+
+def pytest_configure(config):
+    chosen = config.getoption("--fuse-session")
+    if chosen:
+        os.environ["REWINDFS_SESSION"] = chosen
 
 
 # tryfirst: the marker must be on the items before pytest's own -m selection runs.

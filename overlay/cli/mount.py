@@ -21,6 +21,7 @@ from rewindfs.store._errors import RewindfsError
 from rewindfs.overlay import daemon
 from rewindfs.overlay.cli import options
 from rewindfs.overlay.control import client, wire
+from rewindfs.overlay.fs.session import SESSIONS
 from rewindfs.overlay.cli.render import INTENT_FINISHING, INTENT_PENDING, escape, human_bytes
 from rewindfs.overlay.places import (check_mount_owner, check_place, check_workspace,
                                      control_socket_path, enclosing_rewindfs_mount,
@@ -68,9 +69,9 @@ def _log_path(store, real: bytes) -> bytes:
     return control_socket_path(store, real)[: -len(b".sock")] + b".log"
 
 
-def spawn_daemon(dir_path, store, *, recover: bool = False) -> int:
+def spawn_daemon(dir_path, store, *, recover: bool = False, session_kind=None) -> int:
     """Fork a daemon for *dir_path*; return its pid once it is mounted, or raise its
-    startup error."""
+    startup error.  *session_kind*: the FUSE session layer (None: the default)."""
     if recover:   # a stale mount cannot be stat-ed: the daemon detaches it, then checks
         real = os.path.realpath(os.fsencode(dir_path))
         check_place(real, store)
@@ -83,7 +84,7 @@ def spawn_daemon(dir_path, store, *, recover: bool = False) -> int:
     pid = os.fork()
     if pid == 0:  # the daemon
         os.close(r)
-        os._exit(_daemon_child(dir_path, store, recover, w, log_fd))
+        os._exit(_daemon_child(dir_path, store, recover, w, log_fd, session_kind))
     os.close(w)
     os.close(log_fd)
     with os.fdopen(r, "rb") as pipe:
@@ -97,7 +98,7 @@ def spawn_daemon(dir_path, store, *, recover: bool = False) -> int:
     raise wire.error_from_dict(json.loads(line))
 
 
-def _daemon_child(dir_path, store, recover, w, log_fd) -> int:
+def _daemon_child(dir_path, store, recover, w, log_fd, session_kind=None) -> int:
     try:
         os.setsid()
         null = os.open(os.devnull, os.O_RDWR)
@@ -113,7 +114,8 @@ def _daemon_child(dir_path, store, recover, w, log_fd) -> int:
             os.write(w, b"ok\n")
             os.close(w)
 
-        return daemon.serve_mount(dir_path, store, recover=recover, ready=ready)
+        return daemon.serve_mount(dir_path, store, recover=recover, ready=ready,
+                                  session_kind=session_kind)
     except BaseException as exc:  # report to the waiting parent, never unwind into it
         logging.getLogger(__name__).exception("daemon failed")
         try:
@@ -204,8 +206,8 @@ def cmd_mount(args, out) -> int:
             out.say(f"mounted {escape(os.fsdecode(real))} (pid {os.getpid()})")
 
         return daemon.serve_mount(args.dir, store, recover=args.recover, ready=ready,
-                                   writeback=args.writeback)
-    spawn_daemon(args.dir, store, recover=args.recover)
+                                   writeback=args.writeback, session_kind=args.session)
+    spawn_daemon(args.dir, store, recover=args.recover, session_kind=args.session)
     out.emit("mounted", workspace=os.fsdecode(real),
              socket=os.fsdecode(control_socket_path(store, real)))
     out.say(f"mounted {escape(os.fsdecode(real))}")
@@ -420,6 +422,9 @@ def register(sub) -> None:
     p.add_argument("--recover", action="store_true",
                    help="detach a stale mount left by a dead daemon first")
     p.add_argument("--writeback", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--session", choices=SESSIONS, default=None,
+                   help="the FUSE session layer: kernel (our own, faster) or libfuse "
+                        "(pyfuse3); default: $REWINDFS_SESSION, else kernel as root")
     options.common(p)
     p.set_defaults(command="mount")
 

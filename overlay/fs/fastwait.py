@@ -30,7 +30,7 @@ import pyfuse3
 
 log = logging.getLogger(__name__)
 
-__all__ = ["fuse_fd", "install"]
+__all__ = ["fuse_fd", "install", "trio_internals"]
 
 _FAIR_EVERY = 32
 
@@ -46,7 +46,7 @@ def fuse_fd() -> int | None:
     return None
 
 
-def _trio_internals():
+def trio_internals():
     """``(epoll fd, run queue)`` of the running trio: the epoll fd is readable when a
     task's socket or a thread's result is ready, the run queue holds tasks ready to
     run (e.g. one that passed a checkpoint).  ``(None, ())`` if this trio differs."""
@@ -68,7 +68,7 @@ def install(fd: int | None = None) -> bool:
         return False
     poller = select.poll()
     poller.register(fd, select.POLLIN)
-    others, runq = _trio_internals()
+    others, runq = trio_internals()
     if others is not None:
         poller.register(others, select.POLLIN)
     poll = poller.poll

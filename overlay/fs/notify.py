@@ -1,6 +1,6 @@
 """Kernel cache notifications, delivered off the trio thread.
 
-``pyfuse3.invalidate_entry`` blocks until a related request finishes and
+An entry invalidation (``session.invalidate_entry``) blocks until a related request finishes and
 ``invalidate_inode`` can block on dirty pages, so calling either from the trio thread
 (which serves those requests) could deadlock.  ``Notifier`` queues them for one daemon
 thread, in order; ``settled()`` is a barrier that waits for everything queued before it.
@@ -13,8 +13,9 @@ import logging
 import queue
 import threading
 
-import pyfuse3
 import trio
+
+from rewindfs.overlay.fs import session
 
 log = logging.getLogger(__name__)
 
@@ -65,9 +66,9 @@ def _loop(q: queue.SimpleQueue) -> None:
             if kind == "barrier":
                 item[1].set()
             elif kind == "inode":
-                pyfuse3.invalidate_inode(item[1], attr_only=item[2])
+                session.invalidate_inode(item[1], attr_only=item[2])
             else:
-                pyfuse3.invalidate_entry(item[1], item[2])
+                session.invalidate_entry(item[1], item[2])
         except OSError as exc:
             if exc.errno not in _QUIET:
                 log.warning("cache invalidation %r failed: %s", item[:2], exc)

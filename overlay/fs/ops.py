@@ -67,6 +67,7 @@ from rewindfs.overlay.tree.ignore import IGNORE_FILE, IgnoreRules
 from rewindfs.overlay.errors import BadIgnoreRules
 from rewindfs.overlay.fs.inodes import InodeTable, child
 from rewindfs.overlay.fs.latewrites import LateWrites
+from rewindfs.overlay.fs import session as _session
 from rewindfs.overlay.fs.notify import Notifier
 from rewindfs.overlay.tree.walk import open_parent, split
 from rewindfs.overlay.tree.meta import TMP_PREFIX
@@ -145,6 +146,12 @@ class RewindOperations(pyfuse3.Operations):
     # cache a write(2) returns before the daemon sees it, so files opened for writing
     # are captured at open() and turn marks flush dirty pages first: docs/concurrency.md.
     enable_writeback_cache = False
+    # Set by the kernel-direct session when it negotiated passthrough (then never the
+    # writeback cache): read-only opens go to the real file without us, opens that can
+    # write are direct I/O through the handlers — except a writer of a file a reader
+    # holds passed through, whose writes never reach us (``passthrough_writer``):
+    # docs/concurrency.md.
+    passthrough = False
 
     def __init__(self, root_fd: int, store, ws: int, *, writeback: bool = False,
                  timeout: float = CACHE_TIMEOUT):
@@ -163,6 +170,7 @@ class RewindOperations(pyfuse3.Operations):
         self._token = object()
         self.handles: dict[int, object] = {}
         self.sync_handles: set[int] = set()     # real fds opened O_SYNC / O_DSYNC
+        self.pt_writers: set[int] = set()       # writable handles passed through
         self.dirs: dict[int, tuple[int, int, list[bytes]]] = {}  # fh → (fd, inode, names)
         self._next_dir = 1
         self._as_root = os.geteuid() == 0
@@ -179,6 +187,11 @@ class RewindOperations(pyfuse3.Operations):
         self.busy_keys: set[tuple[int, int]] = set()
         self._fd_warned = 0.0
 
+    def mode_dropped(self, ino: int) -> None:
+        """The set-id bits of *ino* were dropped behind the kernel's cached attributes
+        (HANDLE_KILLPRIV_V2); the kernel-direct session replaces this with a synchronous
+        attribute invalidation, before the request's reply."""
+
     # -- epochs and capture --------------------------------------------------------
 
     def set_epoch(self, epoch_id: int) -> None:
@@ -187,6 +200,35 @@ class RewindOperations(pyfuse3.Operations):
             self.epoch_id = epoch_id
             self.captured.clear()
             self._token = object()
+            if self.pt_writers:
+                self._capture_passthrough_writers()
+
+    def passthrough_writer(self, fh: int) -> None:
+        """Handle *fh* can write and is passed through: its writes will not reach us.
+        Its file is captured now (a failure fails the open) and again at every epoch
+        change while the handle stays open (``set_epoch``)."""
+        self._guard_node(self.handles[fh])
+        self.pt_writers.add(fh)
+
+    def _capture_passthrough_writers(self) -> None:
+        """Pre-images, in the new epoch, of the files passed-through writers hold.  A
+        failure cannot refuse anything (their writes go to the real file directly): it
+        is logged and counted, and that file has no pre-image in this epoch."""
+        for node in {id(self.handles[fh]): self.handles[fh] for fh in self.pt_writers}.values():
+            try:
+                self._guard_node(node)
+            except FUSEError as exc:
+                log.warning("capture at the epoch change of a file written through "
+                            "passthrough failed (%s)", os.strerror(exc.errno))
+
+    def writable(self, fh: int) -> bool:
+        """True if some open handle can write to the real file of handle *fh* (this one
+        included): then the kernel session passes no open of that file through."""
+        node = self.handles.get(fh)
+        if node is None:
+            return False
+        return any(fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE != os.O_RDONLY
+                   for fd in node.handles)
 
     def epoch_changed(self) -> None:
         """Reload the current epoch from the store (after a rewind or turn mark); a
@@ -446,6 +488,8 @@ class RewindOperations(pyfuse3.Operations):
                         os.ftruncate(wfd, attr.st_size)
                     finally:
                         os.close(wfd)
+            if fields.update_size and getattr(fields, "kill_suidgid", False):
+                self._kill_suidgid_at(fd, name)   # HANDLE_KILLPRIV_V2: see write()
             if fields.update_mode:
                 # The kernel never chmods a symlink itself, so following is exact here.
                 os.chmod(name, stat.S_IMODE(attr.st_mode), dir_fd=fd)
@@ -478,10 +522,18 @@ class RewindOperations(pyfuse3.Operations):
             return self._lstat(node.path).st_mtime_ns == attr.st_mtime_ns
         return False
 
+    def _kill_suidgid_at(self, dir_fd: int, name: bytes) -> None:
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        kill = stat.S_ISUID | (stat.S_ISGID if st.st_mode & stat.S_IXGRP else 0)
+        if stat.S_ISREG(st.st_mode) and st.st_mode & kill:
+            os.chmod(name, stat.S_IMODE(st.st_mode) & ~kill, dir_fd=dir_fd)
+
     def _setattr_fd(self, node, attr, fields, fd):
         """setattr through an fd: the root directory, or an unlinked but open file."""
         if fields.update_size:
             os.ftruncate(fd, attr.st_size)
+            if getattr(fields, "kill_suidgid", False):
+                _kill_suidgid(fd)
         if fields.update_mode:
             os.fchmod(fd, stat.S_IMODE(attr.st_mode))
         if fields.update_uid or fields.update_gid:
@@ -688,6 +740,8 @@ class RewindOperations(pyfuse3.Operations):
             self._guard_node(node)
         with self._parent(path) as (fd, name):
             rfd = os.open(name, self._real_flags(flags), dir_fd=fd)
+        if flags & os.O_TRUNC and getattr(ctx, "kill_suidgid", False) and _kill_suidgid(rfd):
+            self.mode_dropped(node.ino)   # an unprivileged O_TRUNC (HANDLE_KILLPRIV_V2)
         return self._opened(rfd, node, flags)
 
     @_handler
@@ -704,6 +758,8 @@ class RewindOperations(pyfuse3.Operations):
                           stat.S_IMODE(mode), dir_fd=fd)   # O_EXCL: EEXIST, as on disk
             try:
                 self._own(fd, n, ctx)
+                if flags & os.O_TRUNC and getattr(ctx, "kill_suidgid", False):
+                    _kill_suidgid(rfd)   # an existing file truncated (HANDLE_KILLPRIV_V2)
                 st = os.fstat(rfd)
             except BaseException:
                 os.close(rfd)
@@ -716,13 +772,18 @@ class RewindOperations(pyfuse3.Operations):
         return os.pread(fh, size, off)
 
     @_handler
-    def write(self, fh, off, buf):
+    def write(self, fh, off, buf, kill_suidgid=False):
+        """``kill_suidgid``: the kernel-direct session with ``HANDLE_KILLPRIV_V2`` says
+        the writer lacks ``CAP_FSETID``, so the set-id bits go, as a local write would
+        drop them (the daemon writes as root, which keeps them)."""
         node = self.handles[fh]
         if node.seen is not self._token:
             self._guard_node(node)
         node.wrote = True
         if fh in self.sync_handles:
             self.store.sync()        # this pwrite is durable when it returns
+        if kill_suidgid and _kill_suidgid(fh):
+            self.mode_dropped(node.ino)
         view = memoryview(buf)
         done = 0
         while done < len(view):
@@ -734,6 +795,37 @@ class RewindOperations(pyfuse3.Operations):
             # real mtime past the kernel's: keep the last one it pushed; a newer write's
             # own push follows (at close, fsync, syncfs — a turn boundary runs one).
             syscalls.futimens(fh, None, node.kernel_mtime_ns)
+        return done
+
+    @_handler
+    def fallocate(self, fh, mode, off, length):
+        """``fallocate(2)`` on an open file — plain, ``KEEP_SIZE``, ``PUNCH_HOLE``,
+        ``ZERO_RANGE`` — captured first, like ``write`` (the kernel-direct session only:
+        pyfuse3 has no such operation, so through the libfuse session the kernel answers
+        ``EOPNOTSUPP``)."""
+        node = self.handles[fh]
+        if node.seen is not self._token:
+            self._guard_node(node)
+        node.wrote = True
+        if fh in self.sync_handles:
+            self.store.sync()
+        syscalls.fallocate(fh, mode, off, length)
+        # The kernel drops its cached attributes after a FALLOCATE and asks again: the
+        # real times are the ones to report now (see write()).
+        node.kernel_mtime_ns = None
+
+    @_handler
+    def copy_file_range(self, fh_in, off_in, fh_out, off_out, length, flags):
+        """Copy inside the real filesystem (no bytes through us); the destination is
+        captured first, like ``write``.  Returns the number of bytes copied."""
+        node = self.handles[fh_out]
+        if node.seen is not self._token:
+            self._guard_node(node)
+        node.wrote = True
+        if fh_out in self.sync_handles:
+            self.store.sync()
+        done = os.copy_file_range(fh_in, fh_out, length, off_in, off_out)
+        node.kernel_mtime_ns = None
         return done
 
     async def flush(self, fh):
@@ -752,6 +844,7 @@ class RewindOperations(pyfuse3.Operations):
         node = self.handles.pop(fh)
         node.handles.discard(fh)
         self.sync_handles.discard(fh)
+        self.pt_writers.discard(fh)
         os.close(fh)
         if IGNORE_FILE in node.paths:
             self.reload_rules()
@@ -790,7 +883,7 @@ class RewindOperations(pyfuse3.Operations):
                 continue
             path = child(base, names[i])
             node = self.table.known(path, st)
-            if not pyfuse3.readdir_reply(token, names[i], self._attr(node, st), i + 1):
+            if not _session.readdir_reply(token, names[i], self._attr(node, st), i + 1):
                 if node.nlookup <= 0 and not node.handles:
                     self.table.drop(node)
                 return
@@ -1016,7 +1109,9 @@ class RewindOperations(pyfuse3.Operations):
                 self.notifier.entry(parent.ino, name)
                 parents[parent.ino] = None
         for ino in parents:
-            self.notifier.inode(ino, attr_only=True)
+            # not only the attributes: with NO_OPENDIR the kernel may cache a directory's
+            # listing as its "data", and a landing changed the listing behind it
+            self.notifier.inode(ino)
 
     async def invalidations_settled(self) -> None:
         """Wait (without blocking trio) until queued invalidations reached the kernel."""
@@ -1033,10 +1128,27 @@ class RewindOperations(pyfuse3.Operations):
         self.dirs.clear()
 
     def statistics(self) -> dict:
+        sess = _session.active()
         return {"epoch": self.epoch_id, "captured": len(self.captured),
-                "writeback": self.enable_writeback_cache,
+                "writeback": self.enable_writeback_cache, "passthrough": self.passthrough,
+                "session": sess.name if sess is not None else None,
+                "fuse_flags": sess.flags if sess is not None else 0,
+                "requests": sess.request_counts() if sess is not None else {},
                 "store_syncs": self.store.statistics()["durability"]["syncs"],
                 "open_files": len(self.handles), **self.stats, **self.table.statistics()}
+
+
+def _kill_suidgid(fd: int) -> bool:
+    """Drop set-user-ID, and set-group-ID if group-executable, as the VFS does for a
+    write or truncate by a caller without ``CAP_FSETID`` (``security.capability`` the
+    real filesystem removes itself on our write or truncate, whoever we are).  True if
+    a bit was dropped."""
+    mode = os.fstat(fd).st_mode
+    kill = stat.S_ISUID | (stat.S_ISGID if mode & stat.S_IXGRP else 0)
+    if mode & kill:
+        os.fchmod(fd, stat.S_IMODE(mode) & ~kill)
+        return True
+    return False
 
 
 def _key_of(st: os.stat_result) -> tuple[int, int]:

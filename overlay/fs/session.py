@@ -1,67 +1,103 @@
 """The one seam between the kernel's FUSE session and the handlers.
 
-Today the session is pyfuse3's: ``mount`` (``pyfuse3.init``: open ``/dev/fuse``, mount,
-hand it the handlers), ``serve`` (its request loop, with our cheaper wait for the next
-request: ``fastwait``) and ``unmount`` (``pyfuse3.close``).  The daemon uses only these
-three, so a second session layer (one that talks to ``/dev/fuse`` itself) replaces
-this module, not the daemon or the handlers.
+Two session layers serve the same handlers (``fs.ops.RewindOperations``):
+
+- ``kernel``  our own (``fs.kernel``): reads and writes ``/dev/fuse`` itself and asks
+              the kernel for what libfuse 3.14 cannot (docs/benchmarks.md);
+- ``libfuse`` pyfuse3's (``fs.libfuse``), which runs wherever pyfuse3 builds.
+
+``choose(name)`` picks one (``None``: ``REWINDFS_SESSION``, else ``default()``).  The
+daemon uses ``mount``/``serve``/``unmount``; the handlers use ``readdir_reply``; the
+notifier uses ``invalidate_inode``/``invalidate_entry``.  One session per process.
 """
 
 from __future__ import annotations
 
-import logging
 import os
-import time
 
-import pyfuse3
-import trio
+from rewindfs.overlay.fs.kernel.dispatch import readdir_reply as _kernel_readdir_reply
+from rewindfs.overlay.fs.kernel.session import KernelSession
+from rewindfs.overlay.fs.libfuse import LibfuseSession, mount_options
 
-from rewindfs.overlay.fs import fastwait
+__all__ = ["SESSIONS", "active", "choose", "default", "invalidate_entry", "invalidate_inode",
+           "mount", "readdir_reply", "serve", "unmount"]
 
-log = logging.getLogger(__name__)
-
-__all__ = ["mount", "mount_options", "serve", "unmount"]
-
-_BACKOFF_S = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0)
+SESSIONS = ("libfuse", "kernel")
+_active = None
 
 
-def mount_options() -> set[str]:
-    opts = set(pyfuse3.default_options) | {"fsname=rewindfs", "subtype=rewindfs"}
-    if os.geteuid() == 0:
-        opts.add("allow_other")  # the workspace's owner may not be root
-    return opts
+def default() -> str:
+    """``kernel`` as root (it mounts with ``mount(2)``: the path the test suite and
+    pjdfstest cover), ``libfuse`` otherwise (a user's mount goes through fusermount3,
+    which the kernel session supports but the suite does not exercise)."""
+    return "kernel" if os.geteuid() == 0 else "libfuse"
 
 
-def mount(ops, mountpoint: bytes) -> None:
-    """Mount *ops* (``fs.ops.RewindOperations``) over *mountpoint*; ``RuntimeError`` if
-    the kernel refuses."""
-    pyfuse3.init(ops, os.fsdecode(mountpoint), mount_options())
+def choose(name: str | None = None) -> str:
+    """The session layer to use: *name*, else ``REWINDFS_SESSION``, else ``default()``;
+    ``ValueError`` for an unknown name."""
+    name = name or os.environ.get("REWINDFS_SESSION") or default()
+    if name not in SESSIONS:
+        raise ValueError(f"unknown FUSE session {name!r} (one of: {', '.join(SESSIONS)})")
+    return name
+
+
+def passthrough_wanted() -> bool:
+    """Kernel passthrough instead of the writeback cache: ``REWINDFS_PASSTHROUGH=1``
+    (needs root and a kernel that offers it; otherwise the writeback cache stays)."""
+    return os.environ.get("REWINDFS_PASSTHROUGH", "0") == "1"
+
+
+def active():
+    """The running session (``name``, ``flags``), or None."""
+    return _active
+
+
+def mount(ops, mountpoint: bytes, kind: str | None = None) -> None:
+    """Mount *ops* over *mountpoint* with the session layer *kind* (``choose``);
+    ``RuntimeError`` if the kernel refuses."""
+    global _active, readdir_reply
+    kind = choose(kind)
+    if kind == "kernel":
+        options = sorted(mount_options() - {"fsname=rewindfs", "subtype=rewindfs"})
+        sess = KernelSession(ops, mountpoint, options, passthrough=passthrough_wanted())
+        readdir_reply = _kernel_readdir_reply
+    else:
+        sess = LibfuseSession(ops, mountpoint)
+        readdir_reply = LibfuseSession.readdir_reply
+    try:
+        sess.start()
+    except OSError as exc:
+        raise RuntimeError(str(exc)) from None
+    _active = sess
 
 
 def unmount() -> None:
     """End the session and remove the mount."""
-    pyfuse3.close(unmount=True)
+    global _active
+    sess, _active = _active, None
+    if sess is not None:
+        sess.close()
 
 
 async def serve(ended) -> None:
-    """pyfuse3's request loop until the kernel ends the session.  An exception escaping
-    it (a bug: handlers map their failures to errnos) is logged and the loop restarted
-    after a pause; the request it came from goes unanswered, the mount stays."""
-    if os.environ.get("REWINDFS_SLOWLOOP") is None:
-        fastwait.install()
-    failures, last = 0, 0.0
-    try:
-        while True:
-            try:
-                # One reader task: handlers never await, so more would only add overhead.
-                await pyfuse3.main(min_tasks=1, max_tasks=1)
-                return
-            except Exception:
-                now = time.monotonic()
-                failures = failures + 1 if now - last < 60 else 1
-                last = now
-                delay = _BACKOFF_S[min(failures - 1, len(_BACKOFF_S) - 1)]
-                log.exception("the FUSE request loop failed; restarting it in %.2f s", delay)
-                await trio.sleep(delay)
-    finally:
-        ended()  # the kernel ended the session (external unmount) or we did
+    """The request loop until the kernel ends the session; then ``ended()``."""
+    await _active.serve(ended)
+
+
+def invalidate_inode(ino: int, attr_only: bool = False) -> None:
+    """May block (call off the trio thread: ``fs.notify``)."""
+    sess = _active
+    if sess is None:
+        raise OSError(107, "no FUSE session")   # ENOTCONN
+    sess.invalidate_inode(ino, attr_only)
+
+
+def invalidate_entry(parent: int, name: bytes) -> None:
+    sess = _active
+    if sess is None:
+        raise OSError(107, "no FUSE session")
+    sess.invalidate_entry(parent, name)
+
+
+readdir_reply = LibfuseSession.readdir_reply   # replaced by ``mount``

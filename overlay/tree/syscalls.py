@@ -20,6 +20,7 @@ _libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
 _libc.renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p,
                             ctypes.c_uint]
 _libc.syncfs.argtypes = [ctypes.c_int]
+_libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_long, ctypes.c_long]
 
 
 class _Timespec(ctypes.Structure):
@@ -75,3 +76,8 @@ def malloc_trim() -> None:
 def syncfs(fd: int) -> None:
     """Write back every dirty page and inode of the filesystem holding *fd*."""
     _check(_libc.syncfs(fd), "syncfs")
+
+
+def fallocate(fd: int, mode: int, offset: int, length: int) -> None:
+    """``fallocate(2)`` with its *mode* (``os.posix_fallocate`` has none)."""
+    _check(_libc.fallocate(fd, mode, offset, length), "fallocate")

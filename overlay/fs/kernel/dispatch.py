@@ -1,0 +1,539 @@
+"""Requests → calls of the handlers (``fs.ops.RewindOperations``), replies → bytes.
+
+The handlers keep pyfuse3's calling convention and types: ``EntryAttributes``,
+``FileInfo``, ``StatvfsData`` and ``FUSEError`` are pyfuse3's own; the request context
+(``Ctx``: uid, gid, pid, umask) and the setattr field set (``Fields``) are look-alikes
+with the same attribute names (pyfuse3's cannot be built from Python).  A handler is
+an ``async def`` that never awaits, so ``_run`` drives it with one ``send``: no trio
+scheduling per request.
+
+Every request gets exactly one reply, except FORGET, BATCH_FORGET and INTERRUPT
+(none, by protocol).  An opcode without an entry in the table gets ``ENOSYS`` — the
+kernel then stops sending most of them — never silence.  INTERRUPT needs no action:
+requests are answered in order, so the one it names was answered before it was read.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import time
+
+import pyfuse3
+from pyfuse3 import FUSEError
+
+from rewindfs.overlay.fs.kernel import wire
+from rewindfs.overlay.fs.kernel.backing import BackingFiles
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Ctx", "DirBuffer", "Dispatcher", "Fields", "pack_entry"]
+
+_XATTR_CREATE, _XATTR_REPLACE = 1, 2
+_NS = 1_000_000_000
+
+
+class Ctx:
+    """What pyfuse3's ``RequestContext`` tells a handler, and ``kill_suidgid`` (an open
+    or create with ``O_TRUNC`` by a caller without ``CAP_FSETID``, HANDLE_KILLPRIV_V2)."""
+
+    __slots__ = ("uid", "gid", "pid", "umask", "kill_suidgid")
+
+    def __init__(self, uid, gid, pid, umask=0):
+        self.uid, self.gid, self.pid, self.umask = uid, gid, pid, umask
+        self.kill_suidgid = False
+
+
+class Fields:
+    """What pyfuse3's ``SetattrFields`` tells ``setattr``, and ``kill_suidgid`` (a
+    truncate by a caller without ``CAP_FSETID``, HANDLE_KILLPRIV_V2)."""
+
+    __slots__ = ("update_atime", "update_mtime", "update_ctime", "update_mode",
+                 "update_uid", "update_gid", "update_size", "kill_suidgid")
+
+    def __init__(self, valid: int):
+        self.update_atime = bool(valid & (wire.FATTR_ATIME | wire.FATTR_ATIME_NOW))
+        self.update_mtime = bool(valid & (wire.FATTR_MTIME | wire.FATTR_MTIME_NOW))
+        self.update_ctime = bool(valid & wire.FATTR_CTIME)
+        self.update_mode = bool(valid & wire.FATTR_MODE)
+        self.update_uid = bool(valid & wire.FATTR_UID)
+        self.update_gid = bool(valid & wire.FATTR_GID)
+        self.update_size = bool(valid & wire.FATTR_SIZE)
+        self.kill_suidgid = bool(valid & wire.FATTR_KILL_SUIDGID)
+
+
+def _run(coro):
+    """The result of a handler coroutine that does not await."""
+    try:
+        coro.send(None)
+    except StopIteration as stop:
+        return stop.value
+    coro.close()
+    raise RuntimeError("a FUSE handler awaited; handlers must run to completion")
+
+
+def _attr_fields(e):
+    a_s, a_n = divmod(e.st_atime_ns, _NS)
+    m_s, m_n = divmod(e.st_mtime_ns, _NS)
+    c_s, c_n = divmod(e.st_ctime_ns, _NS)
+    return (e.st_ino, e.st_size, e.st_blocks, a_s, m_s, c_s, a_n, m_n, c_n, e.st_mode,
+            e.st_nlink, e.st_uid, e.st_gid, e.st_rdev & 0xFFFFFFFF, e.st_blksize, 0)
+
+
+def _split_timeout(t: float):
+    sec = int(t)
+    return sec, int((t - sec) * _NS)
+
+
+def pack_entry(e) -> bytes:
+    """``fuse_entry_out`` of an ``EntryAttributes`` (``st_ino`` 0: a cached miss)."""
+    es, en = _split_timeout(e.entry_timeout)
+    as_, an = _split_timeout(e.attr_timeout)
+    return wire.ENTRY_OUT.pack(e.st_ino, e.generation, es, as_, en, an, *_attr_fields(e))
+
+
+def pack_attr(e) -> bytes:
+    as_, an = _split_timeout(e.attr_timeout)
+    return wire.ATTR_OUT.pack(as_, an, 0, *_attr_fields(e))
+
+
+class DirBuffer:
+    """The token ``readdir`` hands to ``readdir_reply``: fills one reply of at most
+    *size* bytes with ``fuse_dirent`` (or ``fuse_direntplus``) records."""
+
+    __slots__ = ("parts", "room", "plus", "inos")
+
+    def __init__(self, size: int, plus: bool):
+        self.parts: list[bytes] = []
+        self.room = size
+        self.plus = plus
+        self.inos: list[int] = []
+
+    def add(self, name: bytes, attr, next_id: int) -> bool:
+        head = 128 + 24 if self.plus else 24
+        reclen = (head + len(name) + 7) & ~7
+        if reclen > self.room:
+            return False
+        self.room -= reclen
+        dirent = wire.DIRENT.pack(attr.st_ino, next_id, len(name), (attr.st_mode >> 12) & 0o17)
+        pad = b"\0" * (reclen - head - len(name))
+        if self.plus:
+            self.parts.append(pack_entry(attr) + dirent + name + pad)
+        else:
+            self.parts.append(dirent + name + pad)
+            self.inos.append(attr.st_ino)
+        return True
+
+
+def readdir_reply(token: DirBuffer, name: bytes, attr, next_id: int) -> bool:
+    """pyfuse3's ``readdir_reply`` for this session's tokens."""
+    return token.add(name, attr, next_id)
+
+
+class Dispatcher:
+    """Decodes each request of *session* and calls ``session.ops``."""
+
+    def __init__(self, session):
+        self.session = session
+        self.ops = session.ops
+        self.fd = session.fd
+        self.flags = session.flags
+        table = [None] * 64
+        for opcode, name in _ROUTES.items():
+            table[opcode] = getattr(self, name)
+        self.table = table
+        self.no_reply = {wire.FORGET, wire.BATCH_FORGET, wire.INTERRUPT}
+        self.no_opendir = bool(session.offered & wire.NO_OPENDIR_SUPPORT)
+        self.listings: dict[int, int] = {}     # nodeid → fh, NO_OPENDIR listings
+        self.backing = BackingFiles(self.fd) if self.flags & wire.PASSTHROUGH else None
+        self.counts = [0] * 64      # requests per opcode
+
+    def close(self) -> None:
+        if self.backing is not None:
+            self.backing.close()
+        for fh in self.listings.values():
+            _run(self.ops.releasedir(fh))
+        self.listings.clear()
+
+    # -- the per-request path -----------------------------------------------------------
+
+    def handle(self, n: int) -> None:
+        buf = self.session._buf
+        length, opcode, unique, nodeid, uid, gid, pid, extlen, _ = wire.IN_HEADER.unpack_from(buf)
+        if opcode < 64:
+            fn = self.table[opcode]
+            self.counts[opcode] += 1
+        else:
+            fn = None
+        if fn is None:
+            if opcode not in self.no_reply:
+                self.error(unique, errno.ENOSYS)
+            return
+        body = memoryview(buf)[40:length - extlen * 8]
+        try:
+            fn(unique, nodeid, Ctx(uid, gid, pid), body)
+        except FUSEError as exc:
+            if opcode not in self.no_reply:
+                self.error(unique, exc.errno)
+        except Exception:
+            log.exception("FUSE request %d failed", opcode)
+            if opcode not in self.no_reply:
+                self.error(unique, errno.EIO)
+
+    def reply(self, unique: int, payload=b"") -> None:
+        try:
+            os.writev(self.fd, [wire.OUT_HEADER.pack(16 + len(payload), 0, unique), payload])
+        except OSError as exc:
+            if exc.errno != errno.ENOENT:   # ENOENT: interrupted, nobody waits for it
+                raise
+
+    def error(self, unique: int, err: int) -> None:
+        try:
+            os.write(self.fd, wire.OUT_HEADER.pack(16, -err, unique))
+        except OSError as exc:
+            if exc.errno != errno.ENOENT:
+                raise
+
+    # -- entries and attributes -----------------------------------------------------
+
+    def lookup(self, unique, nodeid, ctx, body):
+        self.reply(unique, pack_entry(_run(self.ops.lookup(nodeid, bytes(body[:-1]), ctx))))
+
+    def forget(self, unique, nodeid, ctx, body):
+        self._forget([(nodeid, wire.U64.unpack_from(body)[0])])
+
+    def batch_forget(self, unique, nodeid, ctx, body):
+        count = wire.U32_PAIR.unpack_from(body)[0]
+        self._forget([wire.FORGET_ONE.unpack_from(body, 8 + 16 * i) for i in range(count)])
+
+    def _forget(self, items) -> None:
+        if self.backing is not None and self.backing.idle:
+            for nodeid, _ in items:
+                self.backing.forget(nodeid)
+        _run(self.ops.forget(items))
+
+    def getattr(self, unique, nodeid, ctx, body):
+        self.reply(unique, pack_attr(_run(self.ops.getattr(nodeid, ctx))))
+
+    def setattr(self, unique, nodeid, ctx, body):
+        (valid, _, fh, size, _, atime, mtime, ctime, atimens, mtimens, ctimens, mode, _,
+         uid, gid, _) = wire.SETATTR_IN.unpack_from(body)
+        attr = pyfuse3.EntryAttributes()
+        now = time.time_ns() if valid & (wire.FATTR_ATIME_NOW | wire.FATTR_MTIME_NOW) else 0
+        attr.st_size = size
+        attr.st_mode = mode
+        attr.st_uid = uid
+        attr.st_gid = gid
+        attr.st_atime_ns = now if valid & wire.FATTR_ATIME_NOW else atime * _NS + atimens
+        attr.st_mtime_ns = now if valid & wire.FATTR_MTIME_NOW else mtime * _NS + mtimens
+        attr.st_ctime_ns = ctime * _NS + ctimens
+        fields = Fields(valid)
+        e = _run(self.ops.setattr(nodeid, attr, fields, fh if valid & wire.FATTR_FH else None,
+                                  ctx))
+        self.reply(unique, pack_attr(e))
+
+    def readlink(self, unique, nodeid, ctx, body):
+        self.reply(unique, _run(self.ops.readlink(nodeid, ctx)))
+
+    def statfs(self, unique, nodeid, ctx, body):
+        s = _run(self.ops.statfs(ctx))
+        self.reply(unique, wire.STATFS_OUT.pack(s.f_blocks, s.f_bfree, s.f_bavail, s.f_files,
+                                                s.f_ffree, s.f_bsize, s.f_namemax,
+                                                s.f_frsize, 0))
+
+    def access(self, unique, nodeid, ctx, body):
+        mask = wire.U32_PAIR.unpack_from(body)[0]
+        if not _run(self.ops.access(nodeid, mask, ctx)):
+            raise FUSEError(errno.EACCES)
+        self.reply(unique)
+
+    # -- making and removing names -----------------------------------------------------
+
+    def mknod(self, unique, nodeid, ctx, body):
+        mode, rdev, umask, _ = wire.MKNOD_IN.unpack_from(body)
+        ctx.umask = umask
+        name = bytes(body[16:-1])
+        self.reply(unique, pack_entry(_run(self.ops.mknod(nodeid, name, mode, rdev, ctx))))
+
+    def mkdir(self, unique, nodeid, ctx, body):
+        mode, umask = wire.U32_PAIR.unpack_from(body)
+        ctx.umask = umask
+        name = bytes(body[8:-1])
+        self.reply(unique, pack_entry(_run(self.ops.mkdir(nodeid, name, mode, ctx))))
+
+    def symlink(self, unique, nodeid, ctx, body):
+        name, target, _ = bytes(body).split(b"\0", 2)
+        self.reply(unique, pack_entry(_run(self.ops.symlink(nodeid, name, target, ctx))))
+
+    def link(self, unique, nodeid, ctx, body):
+        old = wire.U64.unpack_from(body)[0]
+        name = bytes(body[8:-1])
+        self.reply(unique, pack_entry(_run(self.ops.link(old, nodeid, name, ctx))))
+
+    def unlink(self, unique, nodeid, ctx, body):
+        _run(self.ops.unlink(nodeid, bytes(body[:-1]), ctx))
+        self.reply(unique)
+
+    def rmdir(self, unique, nodeid, ctx, body):
+        _run(self.ops.rmdir(nodeid, bytes(body[:-1]), ctx))
+        self.reply(unique)
+
+    def rename(self, unique, nodeid, ctx, body):
+        newdir = wire.U64.unpack_from(body)[0]
+        old, new, _ = bytes(body[8:]).split(b"\0", 2)
+        _run(self.ops.rename(nodeid, old, newdir, new, 0, ctx))
+        self.reply(unique)
+
+    def rename2(self, unique, nodeid, ctx, body):
+        newdir, flags, _ = wire.RENAME2_IN.unpack_from(body)
+        old, new, _ = bytes(body[16:]).split(b"\0", 2)
+        _run(self.ops.rename(nodeid, old, newdir, new, flags, ctx))
+        self.reply(unique)
+
+    # -- files ----------------------------------------------------------------------
+
+    def _open_out(self, fi, nodeid: int, flags: int) -> bytes:
+        """``fuse_open_out``.  Under passthrough the kernel wants every open of an inode
+        that has a backing id to be passed through too (else EIO), so
+        (docs/concurrency.md): an open is passed through when the inode already has a
+        backing id, or when it is read-only and no handle can write the file; every
+        other open of a regular file is direct I/O through the daemon (its writes are
+        captured like any WRITE).  A writer passed through (a reader had the file
+        open) is captured now and at every epoch change (``ops.passthrough_writer``)."""
+        oflags = ((wire.FOPEN_KEEP_CACHE if fi.keep_cache else 0)
+                  | (wire.FOPEN_DIRECT_IO if fi.direct_io else 0)
+                  | (wire.FOPEN_NONSEEKABLE if fi.nonseekable else 0))
+        backing_id = 0
+        if self.backing is not None:
+            writing = bool(flags & os.O_ACCMODE != os.O_RDONLY or flags & os.O_TRUNC)
+            shared = nodeid in self.backing.by_inode and nodeid not in self.backing.idle
+            if shared or not (writing or self.ops.writable(fi.fh)):
+                backing_id = self._pass_through(nodeid, fi.fh, writing)
+                oflags = (oflags & ~(wire.FOPEN_KEEP_CACHE | wire.FOPEN_DIRECT_IO)
+                          | wire.FOPEN_PASSTHROUGH)
+            else:
+                oflags = (oflags & ~wire.FOPEN_KEEP_CACHE) | wire.FOPEN_DIRECT_IO
+        return wire.OPEN_OUT.pack(fi.fh, oflags, backing_id)
+
+    def _pass_through(self, nodeid: int, fh: int, writing: bool) -> int:
+        """The backing id for *fh*; if none can be had, the open fails (``EBUSY``) and
+        the handle is released — the kernel would fail it anyway."""
+        try:
+            found = self.backing.acquire(nodeid, fh, writing)
+            if found is None:
+                raise FUSEError(errno.EBUSY)
+            if writing:
+                self.ops.passthrough_writer(fh)
+            return found
+        except BaseException:
+            self.backing.release(fh)
+            _run(self.ops.release(fh))
+            raise
+
+    def open(self, unique, nodeid, ctx, body):
+        flags, open_flags = wire.U32_PAIR.unpack_from(body)
+        ctx.kill_suidgid = bool(open_flags & wire.OPEN_KILL_SUIDGID)
+        fi = _run(self.ops.open(nodeid, flags, ctx))
+        self.reply(unique, self._open_out(fi, nodeid, flags))
+
+    def create(self, unique, nodeid, ctx, body):
+        flags, mode, umask, open_flags = wire.CREATE_IN.unpack_from(body)
+        ctx.umask = umask
+        ctx.kill_suidgid = bool(open_flags & wire.OPEN_KILL_SUIDGID)
+        name = bytes(body[16:-1])
+        fi, e = _run(self.ops.create(nodeid, name, mode, flags, ctx))
+        self.reply(unique, pack_entry(e) + self._open_out(fi, e.st_ino, flags))
+
+    def read(self, unique, nodeid, ctx, body):
+        fh, off, size, *_ = wire.RW_IN.unpack_from(body)
+        self.reply(unique, _run(self.ops.read(fh, off, size)))
+
+    def write(self, unique, nodeid, ctx, body):
+        fh, off, size, wflags, *_ = wire.RW_IN.unpack_from(body)
+        if wflags & wire.WRITE_KILL_SUIDGID:
+            n = _run(self.ops.write(fh, off, body[40:40 + size], True))
+        else:
+            n = _run(self.ops.write(fh, off, body[40:40 + size]))
+        self.reply(unique, wire.U32_PAIR.pack(n, 0))
+
+    def flush(self, unique, nodeid, ctx, body):
+        _run(self.ops.flush(wire.U64.unpack_from(body)[0]))
+        self.reply(unique)
+
+    def release(self, unique, nodeid, ctx, body):
+        fh = wire.RELEASE_IN.unpack_from(body)[0]
+        if self.backing is not None:
+            self.backing.release(fh)
+        _run(self.ops.release(fh))
+        self.reply(unique)
+
+    def fsync(self, unique, nodeid, ctx, body):
+        fh, flags, _ = wire.FSYNC_IN.unpack_from(body)
+        _run(self.ops.fsync(fh, bool(flags & wire.FSYNC_FDATASYNC)))
+        self.reply(unique)
+
+    def fallocate(self, unique, nodeid, ctx, body):
+        fh, off, length, mode, _ = wire.FALLOCATE_IN.unpack_from(body)
+        _run(self.ops.fallocate(fh, mode, off, length))
+        self.reply(unique)
+
+    def copy_file_range(self, unique, nodeid, ctx, body):
+        self._copy_range(unique, body, wire.U32_PAIR, 0xFFFFFFFF)
+
+    def copy_file_range_64(self, unique, nodeid, ctx, body):
+        self._copy_range(unique, body, wire.U64, None)
+
+    def _copy_range(self, unique, body, out, limit):
+        fh_in, off_in, _, fh_out, off_out, length, flags = wire.COPY_RANGE_IN.unpack_from(body)
+        if limit is not None:
+            length = min(length, limit)
+        n = _run(self.ops.copy_file_range(fh_in, off_in, fh_out, off_out, length, flags))
+        self.reply(unique, out.pack(n, 0) if out is wire.U32_PAIR else out.pack(n))
+
+    # -- directories --------------------------------------------------------------------
+
+    # With NO_OPENDIR the kernel opens directories without asking (and may cache their
+    # listings) once OPENDIR answered ENOSYS; READDIR and FSYNCDIR then come with fh 0
+    # and the directory's inode.  The handlers want a handle: the dispatcher opens one
+    # per directory being listed (``_listing``), kept while the listing goes on — a
+    # READDIR at offset 0 starts a fresh one — and released when a reply comes back
+    # empty, or when more than ``_LISTINGS`` directories are being listed at once.
+
+    _LISTINGS = 32
+
+    def opendir(self, unique, nodeid, ctx, body):
+        if self.no_opendir:
+            raise FUSEError(errno.ENOSYS)
+        fh = _run(self.ops.opendir(nodeid, ctx))
+        self.reply(unique, wire.OPEN_OUT.pack(fh, 0, 0))
+
+    def readdir(self, unique, nodeid, ctx, body):
+        self._readdir(unique, nodeid, ctx, body, False)
+
+    def readdirplus(self, unique, nodeid, ctx, body):
+        self._readdir(unique, nodeid, ctx, body, True)
+
+    def _readdir(self, unique, nodeid, ctx, body, plus):
+        fh, off, size, *_ = wire.RW_IN.unpack_from(body)
+        token = DirBuffer(size, plus)
+        own = fh == 0 and self.no_opendir
+        if own:
+            fh = self._listing(nodeid, off, ctx)
+        _run(self.ops.readdir(fh, off, token))
+        if token.inos:   # plain READDIR entries are no lookups: give the counts back
+            _run(self.ops.forget([(ino, 1) for ino in token.inos]))
+        if own and not token.parts:
+            self._end_listing(nodeid)
+        self.reply(unique, b"".join(token.parts))
+
+    def _listing(self, nodeid: int, off: int, ctx) -> int:
+        fh = self.listings.pop(nodeid, None)
+        if fh is not None and off == 0:
+            _run(self.ops.releasedir(fh))
+            fh = None
+        if fh is None:
+            fh = _run(self.ops.opendir(nodeid, ctx))
+            while len(self.listings) >= self._LISTINGS:
+                oldest = next(iter(self.listings))
+                _run(self.ops.releasedir(self.listings.pop(oldest)))
+        self.listings[nodeid] = fh     # the most recent last
+        return fh
+
+    def _end_listing(self, nodeid: int) -> None:
+        fh = self.listings.pop(nodeid, None)
+        if fh is not None:
+            _run(self.ops.releasedir(fh))
+
+    def releasedir(self, unique, nodeid, ctx, body):
+        fh = wire.RELEASE_IN.unpack_from(body)[0]
+        if fh or not self.no_opendir:
+            _run(self.ops.releasedir(fh))
+        self.reply(unique)
+
+    def fsyncdir(self, unique, nodeid, ctx, body):
+        fh, flags, _ = wire.FSYNC_IN.unpack_from(body)
+        own = fh == 0 and self.no_opendir
+        if own:
+            fh = _run(self.ops.opendir(nodeid, ctx))
+        try:
+            _run(self.ops.fsyncdir(fh, bool(flags & wire.FSYNC_FDATASYNC)))
+        finally:
+            if own:
+                _run(self.ops.releasedir(fh))
+        self.reply(unique)
+
+    # -- xattrs -------------------------------------------------------------------------
+
+    def _sized(self, unique, size: int, data: bytes) -> None:
+        """A getxattr/listxattr answer: the length if *size* is 0, else the data."""
+        if size == 0:
+            self.reply(unique, wire.U32_PAIR.pack(len(data), 0))
+        elif len(data) > size:
+            raise FUSEError(errno.ERANGE)
+        else:
+            self.reply(unique, data)
+
+    def getxattr(self, unique, nodeid, ctx, body):
+        size = wire.U32_PAIR.unpack_from(body)[0]
+        self._sized(unique, size, _run(self.ops.getxattr(nodeid, bytes(body[8:-1]), ctx)))
+
+    def listxattr(self, unique, nodeid, ctx, body):
+        size = wire.U32_PAIR.unpack_from(body)[0]
+        names = _run(self.ops.listxattr(nodeid, ctx))
+        self._sized(unique, size, b"".join(n + b"\0" for n in names))
+
+    def setxattr(self, unique, nodeid, ctx, body):
+        size, flags = wire.U32_PAIR.unpack_from(body)
+        rest = bytes(body[8:])
+        name, _, value = rest.partition(b"\0")
+        value = value[:size]
+        if flags & (_XATTR_CREATE | _XATTR_REPLACE):   # as pyfuse3 does it
+            try:
+                _run(self.ops.getxattr(nodeid, name, ctx))
+                exists = True
+            except FUSEError as exc:
+                if exc.errno != pyfuse3.ENOATTR:
+                    raise
+                exists = False
+            if flags & _XATTR_CREATE and exists:
+                raise FUSEError(errno.EEXIST)
+            if flags & _XATTR_REPLACE and not exists:
+                raise FUSEError(pyfuse3.ENOATTR)
+        _run(self.ops.setxattr(nodeid, name, value, ctx))
+        self.reply(unique)
+
+    def removexattr(self, unique, nodeid, ctx, body):
+        _run(self.ops.removexattr(nodeid, bytes(body[:-1]), ctx))
+        self.reply(unique)
+
+    # -- the rest -------------------------------------------------------------------------
+
+    def interrupt(self, unique, nodeid, ctx, body):
+        """Nothing to do: the request it names was answered before this was read."""
+
+    def destroy(self, unique, nodeid, ctx, body):
+        self.reply(unique)
+
+    def ioctl(self, unique, nodeid, ctx, body):
+        """No ioctls: ``ENOTTY`` at once.  The kernel asks again on every ioctl (also
+        after ``ENOSYS``), e.g. Python's ``isatty`` on every buffered ``open()``; only
+        the cost of the answer is ours to cut."""
+        self.error(unique, errno.ENOTTY)
+
+
+_ROUTES = {
+    wire.LOOKUP: "lookup", wire.FORGET: "forget", wire.BATCH_FORGET: "batch_forget",
+    wire.GETATTR: "getattr", wire.SETATTR: "setattr", wire.READLINK: "readlink",
+    wire.STATFS: "statfs", wire.ACCESS: "access", wire.MKNOD: "mknod", wire.MKDIR: "mkdir",
+    wire.SYMLINK: "symlink", wire.LINK: "link", wire.UNLINK: "unlink", wire.RMDIR: "rmdir",
+    wire.RENAME: "rename", wire.RENAME2: "rename2", wire.OPEN: "open", wire.CREATE: "create",
+    wire.READ: "read", wire.WRITE: "write", wire.FLUSH: "flush", wire.RELEASE: "release",
+    wire.FSYNC: "fsync", wire.OPENDIR: "opendir", wire.READDIR: "readdir",
+    wire.READDIRPLUS: "readdirplus", wire.RELEASEDIR: "releasedir",
+    wire.FSYNCDIR: "fsyncdir", wire.GETXATTR: "getxattr", wire.LISTXATTR: "listxattr",
+    wire.SETXATTR: "setxattr", wire.REMOVEXATTR: "removexattr",
+    wire.FALLOCATE: "fallocate", wire.COPY_FILE_RANGE: "copy_file_range",
+    wire.COPY_FILE_RANGE_64: "copy_file_range_64",
+    wire.INTERRUPT: "interrupt", wire.DESTROY: "destroy", wire.IOCTL: "ioctl",
+}

@@ -1,0 +1,265 @@
+"""A FUSE session of our own: ``/dev/fuse`` read and written directly, no libfuse.
+
+``KernelSession(ops, mountpoint, options)``: ``start()`` mounts and answers the
+kernel's INIT (blocking, before anyone can touch the mount); ``serve(ended)`` is the
+request loop on the trio thread; ``close()`` unmounts and closes the fd.  Requests
+reach the very handlers the libfuse session calls (``fs.ops.RewindOperations``), with
+pyfuse3's types — ``dispatch.Dispatcher`` does the translation.
+
+The loop is lean on purpose (docs/benchmarks.md): the fd is non-blocking; a request
+is read with one ``readv`` into a reused buffer, dispatched, answered with one
+``writev``; ``poll`` on trio's own epoll fd says whether another task (the control
+socket, a worker thread's result) waits, and only then — or every ``_FAIR_EVERY``
+requests, for timers — does the loop pass a trio checkpoint.  With no request queued
+it first waits up to ``_IDLE_MS`` in ``poll`` on both fds (``_idle_waiter``), and only
+then parks in ``trio.lowlevel.wait_readable``.  Handlers never await (docs/concurrency.md), so one
+request runs to completion before the next is read, as with the libfuse session.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import select
+
+import trio
+
+from rewindfs.overlay.fs.fastwait import trio_internals
+from rewindfs.overlay.fs.kernel import mounting, wire
+from rewindfs.overlay.fs.kernel.dispatch import Dispatcher
+
+log = logging.getLogger(__name__)
+
+__all__ = ["KernelSession", "SessionEnded"]
+
+_FAIR_EVERY = 32
+_IDLE_MS = 2          # the longest the loop waits for a request outside trio
+_MAX_PAGES = 256
+_MAX_WRITE = _MAX_PAGES * 4096
+_BUFSIZE = _MAX_WRITE + 4096          # the kernel wants room for max_write + headers
+
+# What we ask for whenever the kernel offers it.  Flags we can do without (an older
+# kernel): each one missing only costs speed, never behaviour.
+_BASE = (wire.ASYNC_READ | wire.ATOMIC_O_TRUNC | wire.BIG_WRITES | wire.AUTO_INVAL_DATA
+         | wire.DO_READDIRPLUS | wire.ASYNC_DIO | wire.PARALLEL_DIROPS | wire.MAX_PAGES
+         | wire.INIT_EXT)
+
+# Names for REWINDFS_FUSE_HIDE (tests: pretend an older kernel that lacks them).
+FLAG_NAMES = {
+    "killpriv_v2": wire.HANDLE_KILLPRIV_V2, "no_opendir": wire.NO_OPENDIR_SUPPORT,
+    "readdirplus_auto": wire.READDIRPLUS_AUTO, "passthrough": wire.PASSTHROUGH,
+    "writeback_cache": wire.WRITEBACK_CACHE, "max_pages": wire.MAX_PAGES,
+    "init_ext": wire.INIT_EXT, "readdirplus": wire.DO_READDIRPLUS,
+    "atomic_o_trunc": wire.ATOMIC_O_TRUNC, "auto_inval_data": wire.AUTO_INVAL_DATA,
+    "async_read": wire.ASYNC_READ, "parallel_dirops": wire.PARALLEL_DIROPS,
+}
+
+
+class SessionEnded(Exception):
+    """The kernel ended the connection (unmounted) or never answered INIT."""
+
+
+def hidden_flags() -> int:
+    """Kernel flags ``REWINDFS_FUSE_HIDE`` (comma-separated ``FLAG_NAMES``) hides."""
+    mask = 0
+    for name in filter(None, os.environ.get("REWINDFS_FUSE_HIDE", "").split(",")):
+        mask |= FLAG_NAMES[name.strip()]
+    return mask
+
+
+class KernelSession:
+    """One mount's connection.  ``flags``: what INIT settled on (``wire`` bits)."""
+
+    name = "kernel"
+
+    def __init__(self, ops, mountpoint: bytes, options: list[str], *, passthrough=False):
+        self.ops = ops
+        self.passthrough = passthrough     # asked for; ``flags`` says if granted
+        self.mountpoint = mountpoint
+        self.options = options
+        self.fd: int | None = None
+        self.flags = 0
+        self.offered = 0
+        self.kernel_minor = 0
+        self.requests = 0
+        self._buf = bytearray(_BUFSIZE)
+        self.dispatch: Dispatcher | None = None
+
+    # -- mount and INIT ------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Mount and negotiate; ``OSError`` if the kernel refuses the mount,
+        ``SessionEnded`` if it never sends a usable INIT (nothing stays mounted)."""
+        fd = mounting.mount_fuse(self.mountpoint, self.options)
+        self.fd = fd
+        try:
+            self._negotiate()
+        except BaseException:
+            self.close()
+            raise
+        os.set_blocking(fd, False)
+
+    def _negotiate(self) -> None:
+        while True:
+            n = os.readv(self.fd, [self._buf])
+            _, opcode, unique, *_ = wire.IN_HEADER.unpack_from(self._buf)
+            if opcode != wire.INIT:
+                self._send(wire.OUT_HEADER.pack(16, -errno.EIO, unique))
+                continue
+            major, minor, readahead, kflags, kflags2 = wire.INIT_IN.unpack_from(self._buf, 40)
+            if major > wire.MAJOR:      # it asks again with ours
+                self._send(wire.OUT_HEADER.pack(24, 0, unique)
+                           + wire.U32_PAIR.pack(wire.MAJOR, wire.MINOR))
+                continue
+            if major < wire.MAJOR or n < 40 + 16:
+                self._send(wire.OUT_HEADER.pack(16, -errno.EPROTO, unique))
+                raise SessionEnded(f"kernel FUSE protocol {major}.{minor} is too old")
+            break
+        offered = kflags | ((kflags2 << 32) if kflags & wire.INIT_EXT else 0)
+        offered &= ~hidden_flags()
+        if not offered & wire.INIT_EXT:     # without it the kernel reads no flags2
+            offered &= 0xFFFFFFFF
+        self.kernel_minor = minor
+        self.offered = offered
+        self.flags = self.want(offered) & offered
+        self.dispatch = Dispatcher(self)
+        self.ops.mode_dropped = self._attr_changed
+        out = wire.INIT_OUT.pack(
+            wire.MAJOR, min(minor, wire.MINOR), readahead, self.flags & 0xFFFFFFFF,
+            16, 12, _MAX_WRITE, 1, _MAX_PAGES, 0, self.flags >> 32,
+            1 if self.flags & wire.PASSTHROUGH else 0, 0)
+        if minor < 23:
+            out = out[:24]
+        self._send(wire.OUT_HEADER.pack(16 + len(out), 0, unique) + out)
+        log.info("kernel FUSE session: protocol 7.%d, flags %#x", minor, self.flags)
+
+    def want(self, offered: int) -> int:
+        """The flags we ask for, given what the kernel *offered*."""
+        want = _BASE | wire.HANDLE_KILLPRIV_V2 | wire.READDIRPLUS_AUTO
+        if self.passthrough and offered & wire.PASSTHROUGH and os.geteuid() == 0:
+            # one or the other per mount: the kernel refuses passthrough together
+            # with the writeback cache
+            # writers are direct I/O then (dispatch._open_out); shared mmap of such a
+            # file needs this (the kernel refuses it with ENODEV otherwise)
+            want |= wire.PASSTHROUGH | wire.DIRECT_IO_ALLOW_MMAP
+            self.ops.enable_writeback_cache = False
+            self.ops.passthrough = True
+        elif self.ops.enable_writeback_cache:
+            want |= wire.WRITEBACK_CACHE
+        return want
+
+    # -- the request loop ---------------------------------------------------------------
+
+    async def serve(self, ended) -> None:
+        """Serve requests until the kernel ends the session; then ``ended()``."""
+        fd, buf = self.fd, self._buf
+        readv, handle = os.readv, self.dispatch.handle
+        others, runq = trio_internals()
+        poll = _poller(others)
+        idle = _idle_waiter(fd, others)
+        countdown = _FAIR_EVERY
+        try:
+            while True:
+                try:
+                    n = readv(fd, [buf])
+                except BlockingIOError:
+                    if not runq and idle():    # the next request came, nothing else
+                        continue
+                    countdown = _FAIR_EVERY
+                    await trio.lowlevel.wait_readable(fd)
+                    continue
+                except OSError as exc:
+                    if exc.errno == errno.ENODEV:      # unmounted: the session is over
+                        return
+                    if exc.errno in (errno.ENOENT, errno.EINTR):   # aborted request
+                        continue
+                    raise
+                handle(n)
+                countdown -= 1
+                if countdown <= 0 or runq or poll():
+                    countdown = _FAIR_EVERY
+                    await trio.lowlevel.checkpoint()
+        finally:
+            ended()
+
+    def request_counts(self) -> dict[str, int]:
+        """Requests served so far, by opcode name (``wire``'s names, lower case)."""
+        counts = self.dispatch.counts if self.dispatch is not None else []
+        return {wire.OPCODE_NAMES.get(op, str(op)): n for op, n in enumerate(counts) if n}
+
+    # -- replies and notifications ----------------------------------------------------
+
+    def _send(self, data) -> None:
+        try:
+            os.write(self.fd, data)
+        except OSError as exc:
+            if exc.errno != errno.ENOENT:   # ENOENT: the request was interrupted
+                raise
+
+    def invalidate_inode(self, ino: int, attr_only: bool = False) -> None:
+        """Drop the kernel's attributes (and, unless *attr_only*, cached data) of *ino*.
+        May block until a related request finishes: call off the trio thread."""
+        payload = wire.INVAL_INODE.pack(ino, -1 if attr_only else 0, 0)
+        self._notify(wire.NOTIFY_INVAL_INODE, payload)
+
+    def _attr_changed(self, ino: int) -> None:
+        """Attributes-only invalidation from the trio thread, before the reply: safe
+        (it takes no lock a pending request holds — only an inode's spinlock)."""
+        try:
+            self.invalidate_inode(ino, attr_only=True)
+        except OSError as exc:
+            if exc.errno != errno.ENOENT:    # not cached: nothing to drop
+                log.warning("attribute invalidation of inode %d failed: %s", ino, exc)
+
+    def invalidate_entry(self, parent: int, name: bytes) -> None:
+        payload = wire.INVAL_ENTRY.pack(parent, len(name), 0) + name + b"\0"
+        self._notify(wire.NOTIFY_INVAL_ENTRY, payload)
+
+    def _notify(self, code: int, payload: bytes) -> None:
+        fd = self.fd
+        if fd is None:
+            raise OSError(errno.ENOTCONN, "the session is closed")
+        os.write(fd, wire.OUT_HEADER.pack(16 + len(payload), code, 0) + payload)
+
+    def close(self) -> None:
+        """Unmount (lazily, unless the kernel already ended the session) and close."""
+        fd, self.fd = self.fd, None
+        if fd is None:
+            return
+        try:
+            if self.dispatch is not None:
+                log.info("requests served: %s", self.request_counts())
+                self.dispatch.close()
+            mounting.detach(self.mountpoint, fd)
+        finally:
+            os.close(fd)
+
+
+def _idle_waiter(fd: int, others):
+    """A short blocking wait for the next request without trio's scheduler: ``poll`` on
+    the FUSE fd *and* trio's epoll fd for at most ``_IDLE_MS``.  True: only a request
+    is waiting (read it at once).  False: trio has something to do, or nothing came —
+    then the loop parks in ``wait_readable`` as usual (timers run there).  A client
+    waiting for each reply before its next request (most of them) thus costs no trip
+    round trio per request; the trio thread sleeps in the kernel meanwhile, and any
+    other task's I/O, a worker's result or a signal wakes it at once."""
+    if others is None:
+        return lambda: False
+    p = select.poll()
+    p.register(fd, select.POLLIN)
+    p.register(others, select.POLLIN)
+
+    def wait() -> bool:
+        ready = p.poll(_IDLE_MS)
+        return len(ready) == 1 and ready[0][0] == fd
+    return wait
+
+
+def _poller(fd):
+    """A zero-timeout check whether *fd* (trio's epoll fd) is readable."""
+    if fd is None:
+        return lambda: False
+    p = select.poll()
+    p.register(fd, select.POLLIN)
+    return lambda: bool(p.poll(0))

@@ -1,0 +1,80 @@
+"""The kernel-direct session's dispatcher against raw protocol bytes (no FUSE needed).
+
+A datagram socket pair stands in for ``/dev/fuse`` (one request per read, one reply
+per write, as the device does): every request gets exactly one reply or, for FORGET,
+BATCH_FORGET and INTERRUPT, none — an opcode the session does not know gets ENOSYS,
+a handler that fails unexpectedly EIO, never silence.
+"""
+
+from __future__ import annotations
+
+import errno
+import socket
+
+import pytest
+
+from rewindfs.overlay.fs.kernel import wire
+from rewindfs.overlay.fs.kernel.dispatch import Dispatcher
+from rewindfs.overlay.fs.kernel.session import KernelSession
+
+
+class _Broken:
+    """Handlers that fail as a bug would (not with an errno)."""
+    enable_writeback_cache = False
+
+    async def getattr(self, inode, ctx):
+        raise ZeroDivisionError("a bug")
+
+    async def forget(self, items):
+        raise ZeroDivisionError("a bug")
+
+
+@pytest.fixture
+def wire_pair():
+    ours, kernel = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    kernel.setblocking(False)
+    sess = KernelSession(_Broken(), b"/nowhere", [])
+    sess.fd = ours.fileno()
+    disp = Dispatcher(sess)
+
+    def send(opcode: int, unique: int, body: bytes = b"", nodeid: int = 1):
+        req = wire.IN_HEADER.pack(40 + len(body), opcode, unique, nodeid, 0, 0, 1, 0, 0) + body
+        sess._buf[:len(req)] = req
+        disp.handle(len(req))
+        try:
+            reply = kernel.recv(1 << 16)
+        except BlockingIOError:
+            return None
+        length, error, got_unique = wire.OUT_HEADER.unpack_from(reply)
+        assert length == len(reply) and got_unique == unique
+        return error
+
+    yield send
+    ours.close()
+    kernel.close()
+
+
+@pytest.mark.parametrize("opcode", [wire.GETLK, wire.BMAP, wire.POLL, wire.LSEEK, wire.SYNCFS,
+                                    wire.TMPFILE, wire.STATX, 48, 63, 64, 4096, 1 << 24])
+def test_an_opcode_the_session_does_not_serve_gets_enosys(wire_pair, opcode):
+    assert wire_pair(opcode, 7) == -errno.ENOSYS
+
+
+def test_a_handler_bug_becomes_eio_not_silence(wire_pair):
+    assert wire_pair(wire.GETATTR, 8, wire.GETATTR_IN.pack(0, 0, 0)) == -errno.EIO
+
+
+def test_requests_without_a_reply_get_none_even_when_they_fail(wire_pair):
+    assert wire_pair(wire.INTERRUPT, 9, wire.U64.pack(3)) is None
+    assert wire_pair(wire.FORGET, 10, wire.U64.pack(1)) is None
+    assert wire_pair(wire.BATCH_FORGET, 11, wire.U32_PAIR.pack(1, 0)
+                     + wire.FORGET_ONE.pack(5, 1)) is None
+    assert wire_pair(wire.IOCTL, 12, bytes(32)) == -errno.ENOTTY     # still serving
+
+
+def test_struct_sizes_match_the_protocol():
+    assert wire.IN_HEADER.size == 40 and wire.OUT_HEADER.size == 16
+    assert wire.INIT_OUT.size == 64 and wire.ENTRY_OUT.size == 128
+    assert wire.ATTR_OUT.size == 104 and wire.SETATTR_IN.size == 88
+    assert wire.RW_IN.size == 40 and wire.STATFS_OUT.size == 80
+    assert wire.OPEN_OUT.size == 16 and wire.BACKING_MAP.size == 16
