@@ -4,7 +4,9 @@
 # FUSE mounts, the reliability suite) and tests/e2e (the real dsh harness end to end).
 # Installs what is missing first (.venv, the pinned harness in .dsh/), so it works
 # on a fresh machine.  Extra arguments go to pytest, e.g. -m "not mount" for the tier
-# that needs no /dev/fuse, or a directory such as tests/unit.
+# that needs no /dev/fuse, or a directory such as tests/unit.  Without arguments, as
+# root, the mount tier runs a second time on the libfuse session (the default is the
+# kernel-direct one), so both session layers stay tested.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -x .venv/bin/pytest ] || bash scripts/setup.sh
@@ -13,4 +15,13 @@ NODE_BIN=$(bash scripts/setup-dsh.sh "$PREFIX" | sed -n 's/^NODE_BIN=//p')
 echo "== plugin/dsh unit tests (node $("$NODE_BIN" --version))"
 "$NODE_BIN" --test plugin/dsh/test/*.test.js
 echo "== pytest"
-exec .venv/bin/python -m pytest -p no:cacheprovider "$@"
+if [ $# -gt 0 ]; then
+    exec .venv/bin/python -m pytest -p no:cacheprovider "$@"
+fi
+# The whole suite on the default FUSE session (the kernel-direct one as root), then the
+# mount tier once more on the other session layer, so both stay tested (issue 17).
+.venv/bin/python -m pytest -p no:cacheprovider
+if [ "$(id -u)" = 0 ]; then     # as a user both defaults are libfuse: nothing else to run
+    echo "== pytest: the mount tier on the libfuse session"
+    exec .venv/bin/python -m pytest -p no:cacheprovider tests/mount --fuse-session libfuse
+fi
