@@ -207,22 +207,38 @@ async def _sync_store(ctx) -> None:
             log.warning("background sync of the store failed: %s", exc)
 
 
-async def _signals(ctx) -> None:
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as sigs:
-        async for signum in sigs:
-            log.info("signal %d: unmounting", signum)
-            ctx.shutdown.set()
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+_early_signals: list[int] = []
+
+
+def _note_early_signal(signum, _frame) -> None:
+    """A stop signal between the mount and trio's receiver: noted, acted on at once
+    by ``_run`` (the default action would kill the daemon and leave a stale mount)."""
+    _early_signals.append(signum)
+
+
+async def _signals(ctx, sigs) -> None:
+    async for signum in sigs:
+        log.info("signal %d: unmounting", signum)
+        ctx.shutdown.set()
 
 
 async def _run(ctx, listener) -> None:
     ctx._handoff = Handoff(trio.lowlevel.current_trio_token(), ctx.fs.invalidate_many)
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(session.serve, ctx.shutdown.set)
-        nursery.start_soon(server.serve_control, ctx, listener)
-        nursery.start_soon(_signals, ctx)
-        nursery.start_soon(_sync_store, ctx)
-        await ctx.shutdown.wait()
-        nursery.cancel_scope.cancel()
+    # The receiver opens before any task runs: the mount already answers requests,
+    # and a request served before a later-scheduled task opened it left a window in
+    # which SIGTERM killed the daemon (seen with the kernel session).
+    with trio.open_signal_receiver(*_STOP_SIGNALS) as sigs:
+        if _early_signals:
+            log.info("signal %d before serving: unmounting", _early_signals[0])
+            ctx.shutdown.set()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(session.serve, ctx.shutdown.set)
+            nursery.start_soon(server.serve_control, ctx, listener)
+            nursery.start_soon(_signals, ctx, sigs)
+            nursery.start_soon(_sync_store, ctx)
+            await ctx.shutdown.wait()
+            nursery.cancel_scope.cancel()
 
 
 def _recover_intent(root_fd: int, store, ws: int) -> None:
@@ -297,6 +313,8 @@ def _serve(store, ws, root_fd, real, store_path, ready, writeback, session_kind)
         os.umask(0)  # modes come from the caller, already masked by the kernel
         os.chdir("/")  # never keep our own mount (or the bare dir) busy
         fs = RewindOperations(root_fd, store, ws, writeback=writeback)
+        for signum in _STOP_SIGNALS:      # from the mount on, a stop signal unmounts
+            signal.signal(signum, _note_early_signal)
         try:
             session.mount(fs, real, session_kind)
         except RuntimeError as exc:
