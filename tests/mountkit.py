@@ -136,3 +136,20 @@ def _tail(log) -> str:
     log.flush()
     log.seek(0)
     return log.read()[-2000:]
+
+
+def rewind_then_redo(m: Mount, epoch: int, view, before, after, *, rewound=None) -> None:
+    """Through the daemon of ``m``: ``rewind eEPOCH`` must give back exactly ``before``
+    and ``redo`` exactly ``after`` (``treesnap.exact`` of ``view``, the tree under the
+    mount), each with no failed path; ``rewound(view)`` checks more in between."""
+    from treesnap import compare, exact
+    res = m.call("rewind", to=f"e{epoch}")
+    assert res["failed"] == [], res["failed"]
+    diffs = compare(before, exact(view))
+    assert diffs == [], "rewind:\n" + "\n".join(diffs[:30])
+    if rewound is not None:
+        rewound(view)
+    res = m.call("redo")
+    assert res["failed"] == [], res["failed"]
+    diffs = compare(after, exact(view))
+    assert diffs == [], "redo:\n" + "\n".join(diffs[:30])

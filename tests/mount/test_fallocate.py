@@ -15,7 +15,7 @@ import os
 
 import pytest
 
-from mountkit import mounted
+from mountkit import mounted, rewind_then_redo
 from treesnap import compare, exact, real_view
 
 pytestmark = pytest.mark.mount
@@ -85,12 +85,7 @@ def test_fallocate_and_copy_file_range_round_trip_with_the_kernel_session(tmp_pa
         assert holes[:4096] == b"h" * 4096
         assert (ws / "dst").read_bytes()[123_456:423_456] == (ws / "src").read_bytes()
         assert compare(before, after) != []
-        res = m.call("rewind", to=f"e{e1}")
-        assert res["failed"] == [], res["failed"]
-        assert compare(before, exact(real)) == []
-        res = m.call("redo")
-        assert res["failed"] == [], res["failed"]
-        assert compare(after, exact(real)) == []
+        rewind_then_redo(m, e1, real, before, after)
 
 
 def test_fallocate_with_the_libfuse_session_is_eopnotsupp(tmp_path):

@@ -27,7 +27,7 @@ import stat
 
 import pytest
 
-from mountkit import cli, mounted
+from mountkit import cli, mounted, rewind_then_redo
 from relkit import trials
 from rewindfs.store import Store
 from store_fixtures import assert_sound
@@ -396,9 +396,4 @@ def test_names_made_in_a_directory_now_behind_a_symlink(tmp_path):
         _renameat2(os.fspath(ws / "x" / "d"), os.fspath(ws / "x" / "l"), RENAME_EXCHANGE)
         m.call("turn.end")
         after = exact(real)
-        res = m.call("rewind", to=f"e{e1}")
-        assert res["failed"] == [], res["failed"]
-        assert compare(before, exact(real)) == []
-        res = m.call("redo")
-        assert res["failed"] == [], res["failed"]
-        assert compare(after, exact(real)) == []
+        rewind_then_redo(m, e1, real, before, after)
