@@ -107,8 +107,7 @@ def _droppable(epochs: list[_epoch.Epoch], drop_redo: bool = False) -> list[_epo
 
 def _pending_redos(epochs) -> list[_epoch.Epoch]:
     """Every rewind still on an owner's redo stack: what ``redo`` may yet undo."""
-    owners = {e.session for e in epochs if e.kind == "rewind"}
-    return [r for o in owners for r in _history.redo_stack(epochs, o)
+    return [r for stack in _history.redo_stacks(epochs).values() for r in stack
             if r.target is not None]
 
 

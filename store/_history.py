@@ -25,7 +25,17 @@ from __future__ import annotations
 
 from ._errors import RewindfsError
 
-__all__ = ["RedoStale", "redo_stack", "stale_changes"]
+__all__ = ["RedoStale", "describe_epoch", "redo_stack", "redo_stacks", "stale_changes"]
+
+
+def describe_epoch(e) -> str:
+    """An epoch as a refusal names it: ``turn 3 of s2 (e11)``, ``edits between turns
+    (e12)``, ``rewind e13``."""
+    if e.kind == "turn":
+        return f"turn {e.turn} of {e.session} (e{e.id})"
+    if e.kind == "idle":
+        return f"edits between turns (e{e.id})"
+    return f"{e.kind} e{e.id}"
 
 
 class RedoStale(RewindfsError):
@@ -40,6 +50,17 @@ class RedoStale(RewindfsError):
     code = "redo-stale"
     wire_details = ("rewind", "changes", "paths")
 
+    @classmethod
+    def of(cls, rewind, stale, paths: int) -> "RedoStale":
+        """The refusal of redoing ``rewind`` past ``stale`` (``paths`` overwritten)."""
+        what = ", ".join(describe_epoch(e) for e in stale)
+        return cls(
+            f"redo would discard what changed after rewind e{rewind.id}: {what} "
+            f"({paths} path{'s' if paths != 1 else ''} would be overwritten); "
+            f"`rewindfs rewind e{rewind.id}` goes there explicitly (every state stays a "
+            "point), or pass --force to redo anyway",
+            rewind=rewind.id, changes=[e.as_point() for e in stale], paths=paths)
+
 
 def redo_stack(epochs, owner: str | None) -> list:
     """The rewinds of ``owner`` not yet undone, oldest first (the top is last)."""
@@ -52,6 +73,12 @@ def redo_stack(epochs, owner: str | None) -> list:
         elif e.kind == "redo":
             stack = [r for r in stack if r.id != e.target]
     return stack
+
+
+def redo_stacks(epochs) -> dict:
+    """Every owner's stack that is not empty: owner → rewinds not yet undone."""
+    owners = {e.session for e in epochs if e.kind == "rewind"}
+    return {o: s for o in owners if (s := redo_stack(epochs, o))}
 
 
 def stale_changes(epochs, rewind) -> list:

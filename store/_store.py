@@ -298,9 +298,7 @@ class Store:
     def redo_stacks(self, ws) -> dict:
         """Every owner's redo stack (rewinds not yet undone, oldest first)."""
         with self._r() as txn:
-            epochs = _epoch.all_of(txn, self._db, ws)
-        owners = {e.session for e in epochs if e.kind == "rewind"}
-        return {o: s for o in owners if (s := _history.redo_stack(epochs, o))}
+            return _history.redo_stacks(_epoch.all_of(txn, self._db, ws))
 
     def paths_changed_by(self, ws, epochs) -> int:
         """How many paths ``epochs`` (of ``ws``) touched, each counted once."""

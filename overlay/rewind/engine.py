@@ -80,7 +80,7 @@ from rewindfs.overlay.tree.syscalls import syncfs
 log = logging.getLogger(__name__)
 
 __all__ = ["Failure", "PlannedAction", "RestoreResult", "RewindPlan", "apply_plan",
-           "describe_epoch", "plan_redo", "plan_rewind", "recover"]
+           "plan_redo", "plan_rewind", "recover"]
 
 CHANGES = ("created", "written", "deleted", "meta", "unchanged", "ignored")
 
@@ -297,30 +297,9 @@ def plan_redo(root_fd: int, store, ws: int, *, session: str | None = None,
     rewind (the redo would undo those changes too), unless ``force``."""
     rewind, stale = store.redo_target(ws, session)
     if stale and not force:
-        raise _stale_refusal(store, ws, rewind, stale)
+        raise RedoStale.of(rewind, stale, store.paths_changed_by(ws, stale))
     plan = plan_rewind(root_fd, store, ws, f"e{rewind.id}", rules=rules)
     return dataclasses.replace(plan, kind="redo", owner=rewind.session, undid=rewind.id)
-
-
-def _stale_refusal(store, ws: int, rewind, stale) -> RedoStale:
-    paths = store.paths_changed_by(ws, stale)
-    what = ", ".join(describe_epoch(e) for e in stale)
-    return RedoStale(
-        f"redo would discard what changed after rewind e{rewind.id}: {what} "
-        f"({paths} path{'s' if paths != 1 else ''} would be overwritten); "
-        f"`rewindfs rewind e{rewind.id}` goes there explicitly (every state stays a "
-        "point), or pass --force to redo anyway",
-        rewind=rewind.id, changes=[e.as_point() for e in stale], paths=paths)
-
-
-def describe_epoch(e) -> str:
-    """An epoch as a refusal names it: ``turn 3 of s2 (e11)``, ``edits between turns
-    (e12)``, ``rewind e13``."""
-    if e.kind == "turn":
-        return f"turn {e.turn} of {e.session} (e{e.id})"
-    if e.kind == "idle":
-        return f"edits between turns (e{e.id})"
-    return f"{e.kind} e{e.id}"
 
 
 # -- applying -----------------------------------------------------------------------
