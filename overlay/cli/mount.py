@@ -424,7 +424,7 @@ def register(sub) -> None:
     p.add_argument("--writeback", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--session", choices=SESSIONS, default=None,
                    help="the FUSE session layer: kernel (our own, faster) or libfuse "
-                        "(pyfuse3); default: $REWINDFS_SESSION, else kernel as root")
+                        "(pyfuse3); default: $REWINDFS_SESSION, else kernel")
     options.common(p)
     p.set_defaults(command="mount")
 
