@@ -5,8 +5,9 @@
 # Installs what is missing first (.venv, the pinned harness in .dsh/), so it works
 # on a fresh machine.  Extra arguments go to pytest, e.g. -m "not mount" for the tier
 # that needs no /dev/fuse, or a directory such as tests/unit.  Without arguments, as
-# root, the mount tier runs a second time on the libfuse session (the default is the
-# kernel-direct one), so both session layers stay tested.
+# root, every tier that mounts (tests/mount, tests/e2e) runs a second time on the
+# libfuse session (the default is the kernel-direct one), so both session layers stay
+# tested; tests/unit mounts nothing and runs once.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -x .venv/bin/pytest ] || bash scripts/setup.sh
@@ -18,10 +19,11 @@ echo "== pytest"
 if [ $# -gt 0 ]; then
     exec .venv/bin/python -m pytest -p no:cacheprovider "$@"
 fi
-# The whole suite on the default FUSE session (the kernel-direct one as root), then the
-# mount tier once more on the other session layer, so both stay tested (issue 17).
+# The whole suite on the default FUSE session (the kernel-direct one), then every tier
+# that mounts once more on the other session layer, so both stay tested (issue 17).
 .venv/bin/python -m pytest -p no:cacheprovider
-if [ "$(id -u)" = 0 ]; then     # as a user both defaults are libfuse: nothing else to run
-    echo "== pytest: the mount tier on the libfuse session"
-    exec .venv/bin/python -m pytest -p no:cacheprovider tests/mount --fuse-session libfuse
+if [ "$(id -u)" = 0 ]; then     # the mount tiers need root: as a user they skip
+    echo "== pytest: the tiers that mount, on the libfuse session"
+    exec .venv/bin/python -m pytest -p no:cacheprovider tests/mount tests/e2e \
+        --fuse-session libfuse
 fi
