@@ -230,6 +230,18 @@ class LeaseHeld(RemoteError):
     code = "lease-held"
 
 
+class RemoteGcRunning(RemoteError):
+    """Remote {remote} is being garbage-collected by {holder} (lock until {until}); push again once it is done."""
+
+    code = "remote-gc-running"
+
+
+class RemoteGcUnsafe(RemoteError):
+    """Remote {remote} was not garbage-collected, nothing was deleted: {reason}."""
+
+    code = "remote-gc-unsafe"
+
+
 class RemoteDiverged(RemoteError):
     """Workspace {workspace} on remote {remote} has history this store does not have ({reason}); it was pushed from elsewhere since, restore it into a new directory instead."""
 

@@ -39,9 +39,13 @@ _held: set[str] = set()      # tokens of the leases this process holds now
 
 
 class Lease:
-    def __init__(self, backend, remote: str, ws_id: str, store_id: str, *,
-                 conditional: bool, ttl_s: float = TTL_S):
+    """The lease of workspace ``ws_id``; ``scope`` names another lock taken the same way
+    (``_gc.GcLock``: the remote-wide gc lock, ``gc/lease`` and ``gc/claims/``)."""
+
+    def __init__(self, backend, remote: str, ws_id: str | None, store_id: str, *,
+                 conditional: bool, ttl_s: float = TTL_S, scope: str | None = None):
         self.backend, self.remote, self.ws_id = backend, remote, ws_id
+        self.scope = scope or f"ws/{ws_id}"
         self.store_id, self.conditional, self.ttl_s = store_id, bool(conditional), ttl_s
         self.token = secrets.token_hex(8)
         self.held = False
@@ -56,11 +60,11 @@ class Lease:
 
     @property
     def _key(self) -> str:
-        return f"ws/{self.ws_id}/lease"
+        return f"{self.scope}/lease"
 
     @property
     def _claims(self) -> str:
-        return f"ws/{self.ws_id}/claims/"
+        return f"{self.scope}/claims/"
 
     # -- take, renew, release ----------------------------------------------------------
     def acquire(self) -> "Lease":
@@ -129,6 +133,17 @@ class Lease:
             pass
 
     # -- judging another lease ----------------------------------------------------------
+    def first_live(self, keys) -> dict | None:
+        """The first of ``keys`` (leases or claims, of any scope) that is live and not
+        this one's own, as read; None if none is.  Stale ones are left in place (their
+        own scope's next taker removes them)."""
+        for key in keys:
+            other = self._read(key)
+            if other is None or other.get("token") == self.token or self._stale(other):
+                continue
+            return other
+        return None
+
     def _read(self, key: str) -> dict | None:
         try:
             value = json.loads(self.backend.get(key))

@@ -2,7 +2,8 @@
 
 Contract:
 
-- Under the workspace's lease (``_lease``) for its whole duration.
+- Under the workspace's lease (``_lease``) for its whole duration, and never while a
+  remote gc holds its lock (checked right after the lease is taken: ``_gc``).
 - Reads the remote's segments, then the local history in one read transaction
   (``Store.export_history``) — *after* the caller captured the tree (``head``), so
   every change the head shows has its pre-image in what is pushed (write-ahead).
@@ -29,6 +30,7 @@ from dataclasses import dataclass, field
 
 from .._errors import BlobCorrupt, BlobMissing, RemoteDiverged
 from .._preimage import encode
+from ._gc import refuse_if_gc_running
 from ._index import epoch_record, head_digest, read_workspace
 from ._lease import Lease
 from ._objects import (PACK_LIMIT, PACK_TARGET, PackWriter, blob_name, encode_segment,
@@ -63,6 +65,7 @@ def push_workspace(store, ws: int, backend, config, ws_id: str, head, *,
     lease = Lease(backend, config.name, ws_id, store.store_id(),
                   conditional=bool(config.conditional))
     with lease:
+        refuse_if_gc_running(lease)      # after our lease is written: docs/remote.md
         remote = read_workspace(backend, ws_id)
         hist = store.export_history(ws)
         _check_extends(remote, hist, config.name, ws_id)
