@@ -230,6 +230,12 @@ class LeaseHeld(RemoteError):
     code = "lease-held"
 
 
+class LeaseLapsed(RemoteError):
+    """The lock {scope} on remote {remote} was not renewed in time (a suspended machine or a cut network), so {what} was not written; run the command again."""
+
+    code = "lease-lapsed"
+
+
 class RemoteGcRunning(RemoteError):
     """Remote {remote} is being garbage-collected by {holder} (lock until {until}); push again once it is done."""
 

@@ -22,8 +22,9 @@ sees the first one's record: at most one proceeds (both may refuse).  The grace 
 (default 24 h) is the second guard: an object a push uploaded is young for a day, so
 even a push that lost its lease (a machine suspended past the lease's 10 minutes) and
 came back does not name an object gc just deleted — the push's own objects are never
-that old, and it re-takes nothing (``_push`` refuses to write a segment once its lease
-has lapsed).
+that old.  Both sides renew from a thread and stop before their next write once their
+record has gone unrenewed for half its TTL (``Lease.check_live``): a push writes no
+segment, gc deletes nothing more.
 
 Costs: one LIST of the whole remote and one GET per segment; a DELETE per orphan.  A
 dry run takes no lock and writes nothing.
@@ -109,7 +110,8 @@ class RemoteGcReport:
 
 
 def gc_remote(backend, config, store_id: str, *, grace_s: float = DEFAULT_GRACE_S,
-              dry_run: bool = False, on_delete=None) -> RemoteGcReport:
+              dry_run: bool = False, on_delete=None,
+              lock_ttl_s: float | None = None) -> RemoteGcReport:
     """Delete what no segment names and is older than ``grace_s`` (``dry_run``: only
     say so).  ``on_delete(name, size)`` before each deletion.  Refusals: ``LeaseHeld``
     (a push holds a workspace lease), ``RemoteGcRunning`` (another gc),
@@ -118,8 +120,9 @@ def gc_remote(backend, config, store_id: str, *, grace_s: float = DEFAULT_GRACE_
     if dry_run:
         _collect(backend, config.name, report, None, on_delete)
         return report
-    lock = GcLock(backend, config.name, store_id, conditional=bool(config.conditional))
-    with lock:
+    lock = GcLock(backend, config.name, store_id, conditional=bool(config.conditional),
+                  ttl_s=lock_ttl_s)
+    with lock, lock.keep_alive():
         refuse_if_pushing(lock)
         _collect(backend, config.name, report, lock, on_delete)
     return report
@@ -138,12 +141,13 @@ def _collect(backend, remote: str, report: RemoteGcReport, lock, on_delete) -> N
         if age < report.grace_s:
             report.kept.append((key, size, age))
             continue
+        if lock is not None:     # lapsed: a push may have started and named it
+            lock.check_live(f"the deletion of {key}")
         if on_delete is not None:
             on_delete(key, size)
         report.deleted.append((key, size))
         if lock is not None:
             backend.delete(key)
-            lock.renew()
     log.info("remote %s gc: %d deleted, %d kept (younger than %ss)", remote,
              len(report.deleted), len(report.kept), report.grace_s)
 

@@ -16,9 +16,10 @@ from treesnap import compare, exact
 
 from rewindfs.overlay.rewind.remote import capture_tree
 from rewindfs.store import Store
-from rewindfs.store._errors import LeaseHeld, RemoteGcRunning, RemoteUnreachable
-from rewindfs.store.remote import (DirBackend, GcLock, Lease, RemoteConfig, open_backend,
-                                   push_workspace)
+from rewindfs.store._errors import (LeaseHeld, LeaseLapsed, RemoteGcRunning,
+                                   RemoteUnreachable)
+from rewindfs.store.remote import (DirBackend, GcLock, Lease, RemoteConfig, gc_remote,
+                                   open_backend, push_workspace)
 from rewindfs.store.remote._gc import refuse_if_gc_running, refuse_if_pushing
 from rewindfs.store.remote._objects import pack_name, sha256
 
@@ -206,3 +207,28 @@ def test_gc_lock_and_push_lease_exclude_each_other(tmp_path, conditional):
                 refuse_if_gc_running(push)
             assert "store-b" in info.value.message and not push.held
     assert backend.list("") == []                       # every record released
+
+
+@pytest.mark.parametrize("conditional", [True, False])
+def test_a_push_or_gc_whose_lock_lapsed_stops_before_its_next_write(tmp_path, conditional):
+    """A lease not renewed for half its TTL (here: written already expired) may have let
+    the other side in: the push writes no segment, gc deletes nothing."""
+    backend = DirBackend(tmp_path / "remote")
+    config = RemoteConfig("dir", "s3://local-dir", conditional=conditional)
+    with open_history(new_dir(tmp_path / "a")) as h:
+        h.turn(1)
+        h.write(b"a.txt", b"one\n")
+        h.end_turn()
+        head = capture_tree(h.fd, h.store)
+        with pytest.raises(LeaseLapsed) as info:
+            push_workspace(h.store, h.ws, backend, config, "w1", head, lease_ttl_s=-1)
+        assert "segment" in info.value.message
+        assert backend.list("ws/w1/seg/") == []
+        orphans = [k for k, _ in backend.list("packs/")]
+        assert orphans                                   # its pack went up, unnamed
+        with pytest.raises(LeaseLapsed):
+            gc_remote(backend, config, "store-x", grace_s=0, lock_ttl_s=-1)
+        assert [k for k, _ in backend.list("packs/")] == orphans
+        report = push_workspace(h.store, h.ws, backend, config, "w1", head)
+        assert report.segments == 1                      # the next push takes over
+        assert gc_remote(backend, config, "store-x", grace_s=0).deleted == []  # named now
