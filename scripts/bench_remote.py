@@ -146,14 +146,20 @@ def _same_tree(a: Path, b: Path, check_content: bool) -> None:
         raise RuntimeError(f"{b} is not a copy of {a}")
 
 
-def print_table(out: dict) -> None:
-    print("| case | rewindfs | rclone copy | ratio |\n|---|---|---|---|")
+def table_lines(out: dict) -> list[str]:
+    """The figures as the Markdown table docs/benchmarks.md shows."""
+    lines = ["| remote | rewindfs | rclone copy | ratio |", "|---|---|---|---|"]
     for name, what in (("small", f"{out['remote_small_files']:,} small files"),
                        ("big", f"one {out['remote_big_mib']} MiB file")):
         for op, rc in (("push", "up"), ("restore", "down")):
-            print(f"| {op}, {what} | {out[f'remote_{name}_{op}_s']:.2f} s | "
-                  f"{out[f'remote_{name}_rclone_{rc}_s']:.2f} s | "
-                  f"{out[f'remote_{name}_{op}_vs_rclone']:.2f}× |")
+            lines.append(f"| {op}, {what} | {out[f'remote_{name}_{op}_s']:.2f} s | "
+                         f"{out[f'remote_{name}_rclone_{rc}_s']:.2f} s | "
+                         f"{out[f'remote_{name}_{op}_vs_rclone']:.2f}× |")
+    return lines
+
+
+def print_table(out: dict) -> None:
+    print("\n".join(table_lines(out)), flush=True)
 
 
 def main(argv=None) -> int:
