@@ -57,6 +57,7 @@ class Lease:
         self.token = secrets.token_hex(8)
         self.held = False
         self.expires = 0.0
+        self._mutex = threading.Lock()   # a renewal in flight never outlives release()
 
     # -- what a lease says -------------------------------------------------------------
     def _body(self) -> bytes:
@@ -111,15 +112,16 @@ class Lease:
     def renew(self, *, force: bool = False) -> None:
         """Push the expiry out again (a no-op unless half the lease has run out, or
         ``force``).  ``expires`` moves only once the server has the new record."""
-        if not self.held or not force and time.time() < self.expires - self.ttl_s / 2:
-            return
-        key = self._key if self.conditional else self._claims + self.token
-        before = self.expires
-        try:
-            self.backend.put(key, self._body())
-        except BaseException:
-            self.expires = before
-            raise
+        with self._mutex:
+            if not self.held or not force and time.time() < self.expires - self.ttl_s / 2:
+                return
+            key = self._key if self.conditional else self._claims + self.token
+            before = self.expires
+            try:
+                self.backend.put(key, self._body())
+            except BaseException:
+                self.expires = before
+                raise
 
     @contextlib.contextmanager
     def keep_alive(self):
@@ -155,9 +157,10 @@ class Lease:
             raise LeaseLapsed(remote=self.remote, scope=self.scope, what=what)
 
     def release(self) -> None:
-        if not self.held:
-            return
-        self.held = False
+        with self._mutex:
+            if not self.held:
+                return
+            self.held = False
         _held.discard(self.token)
         if self.conditional:
             current = self._read(self._key)

@@ -232,3 +232,14 @@ def test_a_push_or_gc_whose_lock_lapsed_stops_before_its_next_write(tmp_path, co
         report = push_workspace(h.store, h.ws, backend, config, "w1", head)
         assert report.segments == 1                      # the next push takes over
         assert gc_remote(backend, config, "store-x", grace_s=0).deleted == []  # named now
+
+
+def test_gc_usage_refusals(tmp_path, capsys):
+    store = tmp_path / "store"
+    Store.open(store).close()
+    code, recs = cli(capsys, "--store", store, "gc", "--dry-run")     # local gc: no dry run
+    assert code == 3 and _error(recs)["code"] == "usage", recs
+    code, recs = cli(capsys, "--store", store, "gc", "--remote", "nope")
+    assert code == 3 and _error(recs)["code"] == "unknown-remote", recs
+    code, recs = cli(capsys, "--store", store, "gc", "--remote", "nope", "--grace", "soon")
+    assert code == 3 and _error(recs)["code"] == "bad-amount", recs
