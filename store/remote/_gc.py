@@ -18,13 +18,13 @@ machinery of ``_lease`` on both kinds of server:
   it releases its lease and refuses (``RemoteGcRunning``).
 
 Each side writes its own record before it lists the other's, so whichever lists second
-sees the first one's record: at most one proceeds (both may refuse).  The grace period
-(default 24 h) is the second guard: an object a push uploaded is young for a day, so
-even a push that lost its lease (a machine suspended past the lease's 10 minutes) and
-came back does not name an object gc just deleted — the push's own objects are never
-that old.  Both sides renew from a thread and stop before their next write once their
-record has gone unrenewed for half its TTL (``Lease.check_live``): a push writes no
-segment, gc deletes nothing more.
+sees the first one's record: at most one proceeds (both may refuse).  Both sides renew
+from a thread and stop before their next write once their record has gone unrenewed for
+half its TTL (``Lease.check_live``): a push writes no segment — so it never names a
+large object it skipped as present, which gc may have deleted meanwhile — and gc
+deletes nothing more.  The grace period (default 24 h) is the second guard, for a
+segment PUT already in flight when the lease lapsed: an object a push uploaded itself
+is young for a day, so gc leaves it alone unless the push was away longer than that.
 
 Costs: one LIST of the whole remote and one GET per segment; a DELETE per orphan.  A
 dry run takes no lock and writes nothing.
