@@ -265,11 +265,11 @@ def gc_remote_cmd(args, out) -> int:
     with Store.open(resolve_store_path(args.store), create=False) as store:
         config = _config(store, args.remote_gc)
         store_id = store.store_id()
-    verb = "would delete" if args.dry_run else "deleting"
 
     def deleting(name, size):
         out.emit("gc.delete", object=name, bytes=size, dry_run=args.dry_run)
-        out.say(f"{verb} {escape(name)} ({human_bytes(size)})")
+        if args.dry_run:        # a real run says how many; thousands of lines help nobody
+            out.say(f"would delete {escape(name)} ({human_bytes(size)})")
 
     report = gc_remote(open_backend(config), config, store_id, grace_s=grace,
                        dry_run=args.dry_run, on_delete=deleting)
@@ -277,13 +277,14 @@ def gc_remote_cmd(args, out) -> int:
         out.emit("gc.kept", object=name, bytes=size, age_s=round(age, 3))
     summary = report.as_dict()
     out.emit("gc.remote", remote=config.name, **summary)
-    done = (f"would delete {summary['would_delete']}" if args.dry_run else
-            f"deleted {summary['deleted']} ({human_bytes(summary['bytes_deleted'])})")
-    out.say(f"remote {escape(config.name)}: {report.segments} segments name "
-            f"{report.reachable} objects; {done} object(s) none names"
-            + (f"; kept {len(report.kept)} younger than {args.grace or '24h'} "
-               f"({human_bytes(summary['bytes_kept'])}): a push may still be writing "
-               "the segment that names them" if report.kept else ""))
+    gone = len(report.deleted)
+    gone_bytes = human_bytes(sum(size for _name, size in report.deleted))
+    out.say(f"remote {escape(config.name)}: {report.segments} segment(s) name "
+            f"{report.reachable} object(s); {'would delete' if args.dry_run else 'deleted'} "
+            f"{gone} object(s) no segment names ({gone_bytes})"
+            + (f"; kept {len(report.kept)} younger than {escape(args.grace or '24h')} "
+               f"({human_bytes(summary['bytes_kept'])}): a push may be about to name them"
+               if report.kept else ""))
     return 0
 
 
