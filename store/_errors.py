@@ -230,6 +230,24 @@ class LeaseHeld(RemoteError):
     code = "lease-held"
 
 
+class LeaseLapsed(RemoteError):
+    """The lock {scope} on remote {remote} was not renewed in time (a suspended machine or a cut network), so {what} was not written; run the command again."""
+
+    code = "lease-lapsed"
+
+
+class RemoteGcRunning(RemoteError):
+    """Remote {remote} is being garbage-collected by {holder} (lock until {until}); push again once it is done."""
+
+    code = "remote-gc-running"
+
+
+class RemoteGcUnsafe(RemoteError):
+    """Remote {remote} was not garbage-collected, nothing was deleted: {reason}."""
+
+    code = "remote-gc-unsafe"
+
+
 class RemoteDiverged(RemoteError):
     """Workspace {workspace} on remote {remote} has history this store does not have ({reason}); it was pushed from elsewhere since, restore it into a new directory instead."""
 

@@ -1,4 +1,5 @@
-"""CLI commands of remotes: ``remote add|list|remove|log``, ``push``, ``restore``.
+"""CLI commands of remotes: ``remote add|list|remove|log``, ``push``, ``restore``, and the
+remote halves of ``fsck --remote`` and ``gc --remote``.
 
 A remote is S3-compatible object storage (``store.remote``, docs/remote.md); its
 configuration lives in the store, credentials come from the standard AWS chain.
@@ -14,13 +15,13 @@ import secrets
 import time
 
 from rewindfs.store import Store
-from rewindfs.store.remote import (RemoteConfig, check_remote, open_backend, parse_url,
-                                   probe_conditional, push_workspace, read_workspace,
-                                   workspace_ids)
+from rewindfs.store.remote import (DEFAULT_GRACE_S, RemoteConfig, check_remote, gc_remote,
+                                   open_backend, parse_url, probe_conditional,
+                                   push_workspace, read_workspace, workspace_ids)
 from rewindfs.store._errors import UnknownRemoteWorkspace
 
 from rewindfs.overlay.cli import options
-from rewindfs.overlay.cli.render import escape, human_bytes
+from rewindfs.overlay.cli.render import escape, human_bytes, parse_duration
 from rewindfs.overlay.errors import NotAWorkspace, UsageError
 from rewindfs.overlay.places import resolve_store_path
 from rewindfs.overlay.rewind import remote as tree_remote
@@ -255,6 +256,36 @@ def fsck_remote(args, out) -> int:
             + (f"; {len(report.orphans)} object(s) no segment names (an interrupted "
                "push leaves them)" if report.orphans else ""))
     return 0 if report.ok else 1
+
+
+def gc_remote_cmd(args, out) -> int:
+    """``gc --remote NAME [--grace DUR] [--dry-run]`` (``store.remote._gc``): refused,
+    exit 2, while a push holds a lease or a segment cannot be read."""
+    grace = DEFAULT_GRACE_S if args.grace is None else parse_duration(args.grace)
+    with Store.open(resolve_store_path(args.store), create=False) as store:
+        config = _config(store, args.remote_gc)
+        store_id = store.store_id()
+
+    def deleting(name, size):
+        out.emit("gc.delete", object=name, bytes=size, dry_run=args.dry_run)
+        if args.dry_run:        # a real run says how many; thousands of lines help nobody
+            out.say(f"would delete {escape(name)} ({human_bytes(size)})")
+
+    report = gc_remote(open_backend(config), config, store_id, grace_s=grace,
+                       dry_run=args.dry_run, on_delete=deleting)
+    for name, size, age in report.kept:
+        out.emit("gc.kept", object=name, bytes=size, age_s=round(age, 3))
+    summary = report.as_dict()
+    out.emit("gc.remote", remote=config.name, **summary)
+    gone = len(report.deleted)
+    gone_bytes = human_bytes(sum(size for _name, size in report.deleted))
+    out.say(f"remote {escape(config.name)}: {report.segments} segment(s) name "
+            f"{report.reachable} object(s); {'would delete' if args.dry_run else 'deleted'} "
+            f"{gone} object(s) no segment names ({gone_bytes})"
+            + (f"; kept {len(report.kept)} younger than {escape(args.grace or '24h')} "
+               f"({human_bytes(summary['bytes_kept'])}): a push may be about to name them"
+               if report.kept else ""))
+    return 0
 
 
 HANDLERS = {"remote-add": cmd_remote_add, "remote-list": cmd_remote_list,

@@ -20,7 +20,6 @@ half-way.  Either way the last line says which, and the exit code is 130.
 
 from __future__ import annotations
 
-import argparse
 import base64
 import codecs
 import contextlib
@@ -434,7 +433,14 @@ def _has_fd(stream) -> bool:
 
 
 def cmd_gc(args, out) -> int:
-    params = {"grace_s": args.grace, "drop_redo": args.drop_redo}
+    if args.remote_gc:      # the remote's gc: reachability there, not local retention
+        from rewindfs.overlay.cli.remote import gc_remote_cmd
+        return gc_remote_cmd(args, out)
+    if args.dry_run:
+        raise errors.UsageError("--dry-run is for gc --remote NAME (a local gc is "
+                                "undone by nothing: see `rewindfs gc --help`)")
+    grace = 3600.0 if args.grace is None else V.parse_duration(args.grace)
+    params = {"grace_s": grace, "drop_redo": args.drop_redo}
     if args.keep_epochs is not None:
         params["keep_epochs"] = args.keep_epochs
     if args.max_age is not None:
@@ -518,7 +524,14 @@ def register(sub) -> None:
     p.add_argument("--max-bytes", metavar="SIZE", help="shrink history below SIZE (500M)")
     p.add_argument("--drop-redo", action="store_true",
                    help="let the policies drop history a pending redo needs")
-    p.add_argument("--grace", type=float, default=3600.0, metavar="S", help=argparse.SUPPRESS)
+    p.add_argument("--remote", dest="remote_gc", metavar="NAME",
+                   help="gc that remote instead: delete the objects no pushed segment "
+                   "names, once older than --grace (docs/remote.md)")
+    p.add_argument("--grace", metavar="DUR", default=None,
+                   help="keep unreferenced objects younger than DUR (--remote: default "
+                   "24h, so a push in progress elsewhere is never cut short)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="with --remote: list what would be deleted, delete nothing")
     options.workspace(p)
     p.set_defaults(command="gc", dir=None)
 

@@ -12,7 +12,8 @@ Contract of a backend (``S3Backend`` is the one real implementation):
   streamed from or into a local file (never whole in memory);
 - ``get(key)`` returns the bytes (``RemoteObjectMissing`` if there is none);
   ``head(key)`` the size or None; ``list(prefix)`` every key under ``prefix`` with its
-  size, in key order; ``delete(key)`` removes it (missing is fine).
+  size, in key order (``list_dated``: also its last-modified time, seconds since the
+  epoch by the server's clock); ``delete(key)`` removes it (missing is fine).
 
 Keys are relative to the remote's prefix.  ``DirBackend`` (files in a local directory,
 conditional create honoured) exists for tests of the logic above the seam.  Every failure that is not "no such object"
@@ -161,14 +162,17 @@ class S3Backend:
         return int(resp["ContentLength"])
 
     def list(self, prefix: str = "") -> list[tuple[str, int]]:
+        return [(key, size) for key, size, _mtime in self.list_dated(prefix)]
+
+    def list_dated(self, prefix: str = "") -> list[tuple[str, int, float]]:
         out, token = [], None
         while True:
             kw = {"Prefix": self._key(prefix)}
             if token:
                 kw["ContinuationToken"] = token
             resp = self._call("list", prefix, self._client.list_objects_v2, **kw)
-            out += [(o["Key"][len(self._prefix):], int(o["Size"]))
-                    for o in resp.get("Contents", ())]
+            out += [(o["Key"][len(self._prefix):], int(o["Size"]),
+                     o["LastModified"].timestamp()) for o in resp.get("Contents", ())]
             if not resp.get("IsTruncated"):
                 return sorted(out)
             token = resp["NextContinuationToken"]
@@ -235,13 +239,17 @@ class DirBackend:
             return None
 
     def list(self, prefix: str = "") -> list[tuple[str, int]]:
+        return [(key, size) for key, size, _mtime in self.list_dated(prefix)]
+
+    def list_dated(self, prefix: str = "") -> list[tuple[str, int, float]]:
         out = []
         for dirpath, _dirs, files in os.walk(self.root):
             for name in files:
                 full = os.path.join(dirpath, name)
                 key = os.path.relpath(full, self.root)
                 if key.startswith(prefix) and ".tmp-" not in name:
-                    out.append((key, os.stat(full).st_size))
+                    st = os.stat(full)
+                    out.append((key, st.st_size, st.st_mtime))
         return sorted(out)
 
     def delete(self, key: str) -> None:

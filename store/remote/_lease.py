@@ -17,35 +17,47 @@ A lease names its holder (this store's id, host and pid) and an expiry.  Taking 
   the first one's write), so at most one proceeds — both may refuse, never both win.
   This needs read-after-write consistent listing, which S3 has had since 2020.
 
-``renew`` rewrites our lease or claim with a later expiry (a long push calls it between
-batches); ``release`` deletes it.  Expiry uses the clocks of the machines involved:
+``renew`` rewrites our lease or claim with a later expiry (``keep_alive`` does it from a
+thread every quarter TTL while a push or gc runs); ``check_live`` refuses to go on once
+no renewal reached the server for half a TTL (a suspended machine, a cut network), so a
+lapsed holder never writes what its lease was guarding; ``release`` deletes it.  Expiry uses the clocks of the machines involved:
 a lease is kept ``TTL_S`` (10 min) past its last renewal.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
 import secrets
 import socket
+import threading
 import time
 from datetime import datetime, timezone
 
 from .._process import pid_alive
-from .._errors import LeaseHeld, RemoteError, RemoteObjectMissing
+from .._errors import LeaseHeld, LeaseLapsed, RemoteError, RemoteObjectMissing
+
+log = logging.getLogger(__name__)
 
 TTL_S = 600
 _held: set[str] = set()      # tokens of the leases this process holds now
 
 
 class Lease:
-    def __init__(self, backend, remote: str, ws_id: str, store_id: str, *,
-                 conditional: bool, ttl_s: float = TTL_S):
+    """The lease of workspace ``ws_id``; ``scope`` names another lock taken the same way
+    (``_gc.GcLock``: the remote-wide gc lock, ``gc/lease`` and ``gc/claims/``)."""
+
+    def __init__(self, backend, remote: str, ws_id: str | None, store_id: str, *,
+                 conditional: bool, ttl_s: float = TTL_S, scope: str | None = None):
         self.backend, self.remote, self.ws_id = backend, remote, ws_id
+        self.scope = scope or f"ws/{ws_id}"
         self.store_id, self.conditional, self.ttl_s = store_id, bool(conditional), ttl_s
         self.token = secrets.token_hex(8)
         self.held = False
         self.expires = 0.0
+        self._mutex = threading.Lock()   # a renewal in flight never outlives release()
 
     # -- what a lease says -------------------------------------------------------------
     def _body(self) -> bytes:
@@ -56,11 +68,11 @@ class Lease:
 
     @property
     def _key(self) -> str:
-        return f"ws/{self.ws_id}/lease"
+        return f"{self.scope}/lease"
 
     @property
     def _claims(self) -> str:
-        return f"ws/{self.ws_id}/claims/"
+        return f"{self.scope}/claims/"
 
     # -- take, renew, release ----------------------------------------------------------
     def acquire(self) -> "Lease":
@@ -97,17 +109,58 @@ class Lease:
             self.backend.delete(mine)
             raise self._held_by(other)
 
-    def renew(self) -> None:
-        """Push the expiry out again (a no-op unless half the lease has run out)."""
-        if not self.held or time.time() < self.expires - self.ttl_s / 2:
-            return
-        key = self._key if self.conditional else self._claims + self.token
-        self.backend.put(key, self._body())
+    def renew(self, *, force: bool = False) -> None:
+        """Push the expiry out again (a no-op unless half the lease has run out, or
+        ``force``).  ``expires`` moves only once the server has the new record."""
+        with self._mutex:
+            if not self.held or not force and time.time() < self.expires - self.ttl_s / 2:
+                return
+            key = self._key if self.conditional else self._claims + self.token
+            before = self.expires
+            try:
+                self.backend.put(key, self._body())
+            except BaseException:
+                self.expires = before
+                raise
+
+    @contextlib.contextmanager
+    def keep_alive(self):
+        """Renew every quarter of the TTL from a thread while the block runs, so one
+        long upload (a large blob on a slow link) does not outlive the lease.  A renewal
+        that fails is logged; ``check_live`` then notices."""
+        stop = threading.Event()
+
+        def renewing():
+            while not stop.wait(self.ttl_s / 4):
+                try:
+                    self.renew(force=True)
+                except RemoteError as exc:
+                    log.warning("renewing the lease on %s failed: %s", self.scope, exc)
+
+        thread = None
+        if self.ttl_s > 0:
+            thread = threading.Thread(target=renewing, name="lease-renew", daemon=True)
+            thread.start()
+        try:
+            yield self
+        finally:
+            stop.set()
+            if thread is not None:
+                thread.join()
+
+    def check_live(self, what: str) -> None:
+        """``LeaseLapsed`` unless this lease was renewed on the server within the last
+        half TTL: past that, another machine (whose clock may run up to half a TTL
+        ahead) could judge it expired, take over or run gc, so ``what`` must not be
+        written."""
+        if time.time() > self.expires - self.ttl_s / 2:
+            raise LeaseLapsed(remote=self.remote, scope=self.scope, what=what)
 
     def release(self) -> None:
-        if not self.held:
-            return
-        self.held = False
+        with self._mutex:
+            if not self.held:
+                return
+            self.held = False
         _held.discard(self.token)
         if self.conditional:
             current = self._read(self._key)
@@ -129,6 +182,17 @@ class Lease:
             pass
 
     # -- judging another lease ----------------------------------------------------------
+    def first_live(self, keys) -> dict | None:
+        """The first of ``keys`` (leases or claims, of any scope) that is live and not
+        this one's own, as read; None if none is.  Stale ones are left in place (their
+        own scope's next taker removes them)."""
+        for key in keys:
+            other = self._read(key)
+            if other is None or other.get("token") == self.token or self._stale(other):
+                continue
+            return other
+        return None
+
     def _read(self, key: str) -> dict | None:
         try:
             value = json.loads(self.backend.get(key))

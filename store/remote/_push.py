@@ -2,7 +2,9 @@
 
 Contract:
 
-- Under the workspace's lease (``_lease``) for its whole duration.
+- Under the workspace's lease (``_lease``) for its whole duration, renewed from a
+  thread, and never while a remote gc holds its lock (checked right after the lease is
+  taken: ``_gc``).  No segment is written once the lease has lapsed (``LeaseLapsed``).
 - Reads the remote's segments, then the local history in one read transaction
   (``Store.export_history``) — *after* the caller captured the tree (``head``), so
   every change the head shows has its pre-image in what is pushed (write-ahead).
@@ -29,8 +31,9 @@ from dataclasses import dataclass, field
 
 from .._errors import BlobCorrupt, BlobMissing, RemoteDiverged
 from .._preimage import encode
+from ._gc import refuse_if_gc_running
 from ._index import epoch_record, head_digest, read_workspace
-from ._lease import Lease
+from ._lease import TTL_S, Lease
 from ._objects import (PACK_LIMIT, PACK_TARGET, PackWriter, blob_name, encode_segment,
                        segment_name, sha256)
 
@@ -56,13 +59,15 @@ class PushReport:
 
 
 def push_workspace(store, ws: int, backend, config, ws_id: str, head, *,
-                   progress=None, batch_bytes: int = BATCH_BYTES) -> PushReport:
+                   progress=None, batch_bytes: int = BATCH_BYTES,
+                   lease_ttl_s: float = TTL_S) -> PushReport:
     """Push workspace ``ws`` as ``ws_id``; ``head`` = [(path, PreImage)], the tree as
     the caller captured it just before.  ``progress(report, done_blobs, total_blobs)``
     after each object."""
     lease = Lease(backend, config.name, ws_id, store.store_id(),
-                  conditional=bool(config.conditional))
-    with lease:
+                  conditional=bool(config.conditional), ttl_s=lease_ttl_s)
+    with lease, lease.keep_alive():
+        refuse_if_gc_running(lease)      # after our lease is written: docs/remote.md
         remote = read_workspace(backend, ws_id)
         hist = store.export_history(ws)
         _check_extends(remote, hist, config.name, ws_id)
@@ -214,6 +219,9 @@ class _Run:
         value.update(parts)
         body = encode_segment(value)
         name = segment_name(self.ws_id, self.remote.next_seq, body)
+        # a lapsed lease may have let a gc run: the objects this segment names could be
+        # gone (a large one skipped as present may have been an old orphan)
+        self.lease.check_live(f"segment {name}")
         self._put(name, body)
         for key, sha, size, where in self.pending:
             self.remote.blobs[key] = (sha, size, where)
