@@ -19,8 +19,9 @@ by the point rule point ``eH`` is the head and every earlier point is what it wa
 
 Learning (``replace_empty``) imports into a workspace that already exists here but
 holds nothing worth keeping: epochs with no journal entry and no turn (a mount opens
-an ``idle`` epoch at once).  Those are dropped in the same transaction (their ids are
-never reused: ``next_epoch`` only grows); any journal entry or turn refuses
+an ``idle`` epoch at once).  Those are dropped in the same transaction (their ids may
+be taken by imported epochs when no epoch of the store lies at or above them:
+``_offset``); any journal entry or turn refuses
 (``LearnTargetHasHistory``) with nothing changed.  ``settle`` then closes the head
 epoch and opens a fresh ``idle`` one, so the point at its start is the tree as it is.
 """
@@ -106,7 +107,7 @@ def import_into(txn, db, ws: int, hist: History, *, label: str, head,
     elif _epoch.last(txn, db, ws) is not None:
         raise RestoreTargetInUse(path=_ws_path(txn, db, ws),
                                  reason="this store already has history for it")
-    offset = _offset(txn, db, [e.id for e in hist.epochs])
+    offset = _offset(txn, db, [e.id for e in hist.epochs], reuse_free=replace_empty)
 
     def moved(eid):
         return None if eid is None else eid + offset
@@ -163,10 +164,15 @@ def _drop_empty(txn, db, ws: int) -> None:
         txn.delete(S.u64(e.id), db=db["epochs"])
 
 
-def _offset(txn, db, ids: list[int]) -> int:
+def _offset(txn, db, ids: list[int], *, reuse_free: bool = False) -> int:
     """0 if every id is free and at or above the next id, else the shift that starts
-    them at the next id."""
+    them at the next id.  ``reuse_free`` (learning, after its empty epochs were
+    dropped): 0 also when no epoch of the store has an id at or above the lowest of
+    ``ids`` — the imported epochs are then still above every epoch there is, and keeping
+    the ids keeps the workspace bound to the remote's history (a push extends it)."""
     if not ids:
+        return 0
+    if reuse_free and not txn.cursor(db=db["epochs"]).set_range(S.u64(min(ids))):
         return 0
     nxt = _epoch.next_id(txn, db)
     return 0 if min(ids) >= nxt else nxt - min(ids)

@@ -49,7 +49,9 @@ async def remote_learn(ctx: DaemonHost, params: dict, emit) -> dict:
             raise TurnOpen(turn=turn.turn, session=turn.session)
         absent = await trio.to_thread.run_sync(learn.absent_paths, ctx.root_fd, pushed,
                                                ctx.live.ignore_rules())
-        # no await from the commit to set_epoch (module docstring)
+        # no await from the commit to set_epoch (module docstring).  The new epoch may
+        # take the dropped empty epoch's id (``_transfer._offset``); its "already
+        # captured" set is empty either way, since nothing was captured in that epoch.
         learned = learn.commit(ctx.store, ctx.ws, pushed, absent, problems)
         ctx.fs.set_epoch(learned.epoch)
     await trio.to_thread.run_sync(ctx.store.flush)

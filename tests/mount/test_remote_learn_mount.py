@@ -15,6 +15,7 @@ captured); content, kinds, modes, symlinks, xattrs and links are compared exactl
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -95,7 +96,10 @@ def test_a_resumed_session_rewinds_into_points_made_on_another_machine(tmp_path,
         with Rewindfs.for_directory(ws, store=store, strict=True, remote="origin") as rw:
             res = rw.rewind(2, session="s1")
             assert res.learned is not None and res.learned["remote"] == "origin"
+            res_ws = res.learned["remote_workspace"]
             assert res.learned["absent"] == 1 and not res.partial       # b-only.txt
+            # the mount's empty epoch gave way: A's epoch ids kept, bound to its history
+            assert res.learned["offset"] == 0 and res.learned["bound"] is True
             assert compare(points[2], snapshot(ws)) == []
             rw.redo(session="s1")
             assert compare(before, snapshot(ws)) == []                  # B-only file too
@@ -117,6 +121,11 @@ def test_a_resumed_session_rewinds_into_points_made_on_another_machine(tmp_path,
                 if (p["label"] or "").startswith("pushed tree")][-1]["epoch"]
         m.call("rewind", to=f"e{head}")
         assert compare(points["end"], snapshot(ws)) == []
+        # B's pushes extend the history A pushed (the same remote workspace)
+        r = cli("--json", "push", "-C", ws, store=store, env=server.env)
+        assert r.returncode == 0, r.stderr + r.stdout
+        done = [json.loads(x) for x in r.stdout.splitlines() if '"push.done"' in x][0]
+        assert done["workspace"] == res_ws and done["epochs"] > 0
 
 
 def test_learning_refusals_change_nothing(tmp_path, server):
