@@ -142,6 +142,13 @@ def test_learning_refusals_change_nothing(tmp_path, server):
                     rw.rewind(2, session=session)
                 assert exc.value.code == code, exc.value.message
             assert _epochs(m) == epochs and compare(before, snapshot(ws)) == []
+        # the CLI on a mounted workspace asks its daemon
+        r = cli("--json", "remote", "learn", "origin", "--session", "nobody", "-C", ws,
+                store=store, env=server.env)
+        assert r.returncode == 3, r.stdout + r.stderr
+        assert [json.loads(x)["code"] for x in r.stdout.splitlines()
+                if '"error"' in x] == ["unknown-remote-session"]
+        assert _epochs(m) == epochs and compare(before, snapshot(ws)) == []
         # a workspace with a turn of its own here: refused, nothing changed
         with Rewindfs.for_directory(ws, store=store, strict=True) as rw:   # no push
             with rw.turn("local", 1, "a local turn"):

@@ -140,3 +140,36 @@ def test_unknown_remote_session_or_workspace_is_refused(pushed, s3, tmp_path, ca
     with Store.open(b / "store") as store:
         assert store.epochs(store.workspace(os.path.realpath(b / "dir"))) == []
     assert compare(before, exact(b / "dir")) == []
+
+
+def test_a_session_in_several_remote_workspaces_is_ambiguous_until_one_is_named(
+        pushed, s3, tmp_path, capsys):
+    expected, ws_id, a_txt = pushed
+    with open_history(new_dir(tmp_path / "a2")) as h:        # s1 ran here too
+        h.turn(1)
+        h.write(b"other.txt", b"another checkout\n")
+        h.end_turn()
+        store_a2 = str(h.store.path)
+        cli(capsys, "--store", store_a2, "remote", "add", "origin", s3.url(),
+            "--endpoint", s3.endpoint)
+        code, recs = cli(capsys, "--store", store_a2, "push", "-C", h.root.decode())
+        assert code == 0, recs
+        other_id = [r for r in recs if r["type"] == "push.done"][0]["workspace"]
+    b = _machine_b(tmp_path, capsys, s3, a_txt)
+    before = exact(b / "dir")
+    code, recs = cli(capsys, "--store", b / "store", "remote", "learn", "origin",
+                     "--session", "s1", "-C", b / "dir")
+    assert code == 3
+    [error] = [r for r in recs if r["type"] == "error"]
+    assert error["code"] == "ambiguous-remote-workspace"
+    assert sorted(c["workspace"] for c in error["data"]["choices"]) == sorted([ws_id, other_id])
+    assert ws_id in error["message"] and other_id in error["message"]
+    assert compare(before, exact(b / "dir")) == []
+    code, recs = cli(capsys, "--store", b / "store", "remote", "learn", "origin",
+                     "--workspace", ws_id, "-C", b / "dir")
+    assert code == 0, recs
+    code, recs = cli(capsys, "--store", b / "store", "rewind", "-C", b / "dir", "t2",
+                     "--session", "s1")
+    assert code == 0, recs
+    target = _turn_epoch(b / "store", b / "dir", "s1", 2)
+    assert compare(expected[target], exact(b / "dir")) == []
