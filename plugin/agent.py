@@ -125,7 +125,7 @@ class Rewindfs:
         """Queue a push of the ended turn; a refusal is kept on the mark and logged once
         per code, never raised (the turn has happened, its files are captured)."""
         try:
-            mark.push = self.push(wait=False, session=mark.session)
+            mark.push = self.push(wait=False)    # this workspace (the daemon's own)
         except RewindfsClientError as exc:
             mark.push_error = exc
             if exc.code not in self._push_warned:

@@ -276,7 +276,7 @@ def test_agent_with_a_remote_pushes_after_each_turn_and_learns_unknown_points(tm
         with rw.turn("s1", 3, "x") as mark:
             pass
         assert [r["method"] for r in d.requests] == ["turn.begin", "turn.end", "push"]
-        assert d.requests[-1]["params"] == {"remote": "origin", "session": "s1", "wait": False}
+        assert d.requests[-1]["params"] == {"remote": "origin", "wait": False}
         assert mark.push == {"queued": True, "pending": 1} and mark.push_error is None
         res = rw.rewind(2, session="s1")
         assert [r["method"] for r in d.requests[3:]] == ["rewind", "remote.learn", "rewind"]

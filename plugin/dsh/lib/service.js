@@ -185,7 +185,7 @@ export class RewindfsService {
   pushAfterTurn(sessionId, cwd) {
     const remote = this.config.remote;
     if (remote === undefined) return;
-    const job = () => this.rpc(cwd, 'push', { remote, session: sessionId, wait: false }, { timeoutMs: Math.max(this.config.turnTimeoutMs, 10_000) });
+    const job = () => this.rpc(cwd, 'push', { remote, wait: false }, { timeoutMs: Math.max(this.config.turnTimeoutMs, 10_000) });
     this.enqueue(sessionId, job).catch((error) => {
       const code = codeOf(error);
       if (this.pushRefused.has(code)) return;

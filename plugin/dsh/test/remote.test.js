@@ -62,7 +62,7 @@ test('each turn.end is followed by a push to the remote, never awaited by the tu
     svc.endTurn('s1', 1);
     await svc.drainSession('s1');
     assert.deepEqual(methods(requests), ['turn.begin', 'turn.end', 'push']);
-    assert.deepEqual(requests[2].params, { remote: 'origin', session: 's1', wait: false });
+    assert.deepEqual(requests[2].params, { remote: 'origin', wait: false });
     assert.deepEqual(notices, []);
   });
 });
