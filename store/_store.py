@@ -276,6 +276,12 @@ class Store:
         with self._w() as txn:
             _session.fork(txn, self._db, child, parent, int(boundary_turn))
 
+    def session_lineage(self, session: str) -> list[str]:
+        """``session`` and the sessions it was forked from, nearest first."""
+        _session.check_session(session)
+        with self._r() as txn:
+            return _session.lineage(txn, self._db, session)
+
     def session_points(self, ws, session) -> list[tuple[int, int]]:
         with self._r() as txn:
             return _session.points(txn, self._db, ws, session)

@@ -30,7 +30,9 @@ __all__ = ["METHODS"]
 def _download(ctx: DaemonHost, name: str, workspace, session):
     config = config_of(ctx.store, name)
     backend = open_backend(config)
-    pushed = learn.find_pushed(backend, config, workspace=workspace, session=session)
+    lineage = ctx.store.session_lineage(session) if session else ()
+    pushed = learn.find_pushed(backend, config, workspace=workspace, session=session,
+                               lineage=lineage)
     return pushed, pushed.fetch(ctx.store, backend)
 
 

@@ -55,20 +55,29 @@ def _sessions_of(remote) -> set[str]:
 
 
 def find_pushed(backend, config, *, workspace: str | None = None,
-                session: str | None = None) -> Pushed:
+                session: str | None = None, lineage=()) -> Pushed:
     """The remote workspace ``workspace`` names, else the one where ``session`` ran
-    turns, else the remote's only workspace.  None found: ``UnknownRemoteWorkspace``
-    / ``UnknownRemoteSession``; several: ``AmbiguousRemoteWorkspace`` listing them."""
+    turns — or, when none holds it, its nearest fork ancestor of ``lineage`` (a fork
+    made here of a pushed session: ``Store.session_lineage``) — else the remote's only
+    workspace.  None found: ``UnknownRemoteWorkspace`` / ``UnknownRemoteSession``;
+    several: ``AmbiguousRemoteWorkspace`` listing them."""
     if workspace is not None:
         return read_pushed(backend, config, workspace)
-    found = [r for r in (read_workspace(backend, i) for i in workspace_ids(backend))
-             if r.segments and (session is None or session in _sessions_of(r))]
+    every = [r for r in (read_workspace(backend, i) for i in workspace_ids(backend))
+             if r.segments]
+    if session is None:
+        return _only(config, every, "a history")
+    for name in [session, *(s for s in lineage if s != session)]:
+        found = [r for r in every if name in _sessions_of(r)]
+        if found:
+            return _only(config, found, f"session {name}")
+    raise UnknownRemoteSession(remote=config.name, session=session)
+
+
+def _only(config, found: list, what: str) -> Pushed:
     if not found:
-        if session is not None:
-            raise UnknownRemoteSession(remote=config.name, session=session)
         raise UnknownRemoteWorkspace(remote=config.name, workspace="(any)")
     if len(found) > 1:
-        what = f"session {session}" if session is not None else "a history"
         raise AmbiguousRemoteWorkspace(
             remote=config.name, what=what,
             listed=", ".join(f"{r.ws_id} ({r.root})" for r in found),
@@ -131,7 +140,8 @@ def learn_offline(store, backend, config, root: bytes, *, workspace=None, sessio
     """Learn into the unmounted directory ``root`` (its real path)."""
     ws = store.workspace(root)
     check_learnable(store, ws, root)
-    pushed = find_pushed(backend, config, workspace=workspace, session=session)
+    pushed = find_pushed(backend, config, workspace=workspace, session=session,
+                         lineage=store.session_lineage(session) if session else ())
     problems = pushed.fetch(store, backend, progress)
     fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:

@@ -159,3 +159,20 @@ def test_learning_refusals_change_nothing(tmp_path, server):
                 rw.rewind(2, session="s1")
             assert exc.value.code == "learn-target-has-history"
             assert _epochs(m) == epochs and compare(before, snapshot(ws)) == []
+
+
+def test_a_fork_made_on_the_new_machine_rewinds_into_its_parents_pushed_points(tmp_path,
+                                                                               server):
+    points = _machine_a(tmp_path, server)
+    ws, store = _machine_b_dir(tmp_path), tmp_path / "b-home" / "store"
+    store.parent.mkdir()
+    _add_origin(server, store)
+    with mounted(ws, store, env=server.env):
+        before = snapshot(ws)
+        with Rewindfs.for_directory(ws, store=store, strict=True, remote="origin") as rw:
+            rw.client.fork("s1-on-b", "s1", 3)     # the harness forks first, as dsh does
+            res = rw.rewind(2, session="s1-on-b")
+            assert res.learned is not None
+            assert compare(points[2], snapshot(ws)) == []
+            rw.redo(session="s1-on-b")
+            assert compare(before, snapshot(ws)) == []

@@ -173,3 +173,19 @@ def test_a_session_in_several_remote_workspaces_is_ambiguous_until_one_is_named(
     assert code == 0, recs
     target = _turn_epoch(b / "store", b / "dir", "s1", 2)
     assert compare(expected[target], exact(b / "dir")) == []
+
+
+def test_a_fork_made_here_of_a_pushed_session_learns_its_parent(pushed, s3, tmp_path, capsys):
+    expected, ws_id, a_txt = pushed
+    b = _machine_b(tmp_path, capsys, s3, a_txt)
+    with Store.open(b / "store") as store:
+        store.fork_session("s1-here", "s1", 2)        # what a harness does on B, first
+    code, recs = cli(capsys, "--store", b / "store", "remote", "learn", "origin",
+                     "--session", "s1-here", "-C", b / "dir")
+    assert code == 0, recs
+    assert [r["remote_workspace"] for r in recs if r["type"] == "learn.done"] == [ws_id]
+    code, recs = cli(capsys, "--store", b / "store", "rewind", "-C", b / "dir", "t2",
+                     "--session", "s1-here")
+    assert code == 0, recs
+    target = _turn_epoch(b / "store", b / "dir", "s1", 2)
+    assert compare(expected[target], exact(b / "dir")) == []
