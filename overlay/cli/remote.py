@@ -134,9 +134,7 @@ def cmd_remote_learn(args, out) -> int:
     else:
         root, res = _learn_offline(store_path, start, params)
     out.emit("learn.done", dir=os.fsdecode(root), **res)
-    for p in res["problems"]:
-        out.warn(f"blob {p['blob'][:16]}… ({p['object']}): {p['reason'].rstrip('.')}; needed by "
-                 f"{', '.join(p['paths'][:5])} at {', '.join(p['epochs'][:5])}")
+    _warn_problems(out, res["problems"])
     out.say(f"learned {res['epochs']} epochs of workspace {escape(res['remote_workspace'])} "
             f"from {escape(res['remote'])} into {escape(os.fsdecode(root))} (no file "
             f"changed): the pushed tree is e{res['head_epoch']}, this directory as it is "
@@ -265,14 +263,19 @@ def cmd_restore(args, out) -> int:
              problems=res.problems)
     for f in res.result.failed:
         out.warn(f"{os.fsdecode(f.path)}: {f.message} ({f.code})")
-    for p in res.problems:
-        out.warn(f"blob {p['blob'][:16]}… ({p['object']}): {p['reason'].rstrip('.')}; needed by "
-                 f"{', '.join(p['paths'][:5])} at {', '.join(p['epochs'][:5])}")
+    _warn_problems(out, res.problems)
     out.say(f"restored {escape(args.dir)} to e{res.target} from {escape(config.name)} "
             f"(workspace {escape(args.workspace_id)}: {bar.objects} objects, "
             f"{human_bytes(bar.bytes)}); the pushed tree is e{res.head_epoch}"
             + (" — partial, see the warnings" if res.exit_code else ""))
     return res.exit_code
+
+
+def _warn_problems(out, problems) -> None:
+    """A blob the remote could not give, with the paths and points that need it."""
+    for p in problems:
+        out.warn(f"blob {p['blob'][:16]}… ({p['object']}): {p['reason'].rstrip('.')}; needed by "
+                 f"{', '.join(p['paths'][:5])} at {', '.join(p['epochs'][:5])}")
 
 
 def fsck_remote(args, out) -> int:

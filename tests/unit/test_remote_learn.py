@@ -19,6 +19,7 @@ from store_fixtures import assert_sound
 from treesnap import compare, exact
 
 from rewindfs.store import Store
+from rewindfs.store.remote import RemoteConfig, open_backend
 
 
 @pytest.fixture
@@ -188,4 +189,25 @@ def test_a_fork_made_here_of_a_pushed_session_learns_its_parent(pushed, s3, tmp_
                      "--session", "s1-here")
     assert code == 0, recs
     target = _turn_epoch(b / "store", b / "dir", "s1", 2)
+    assert compare(expected[target], exact(b / "dir")) == []
+
+
+def test_a_blob_the_remote_cannot_give_is_named_and_the_rest_is_learned(
+        pushed, s3, tmp_path, capsys):
+    expected, _ws_id, a_txt = pushed
+    with Store.open(tmp_path / "a" / "store") as a:
+        backend = open_backend(RemoteConfig("origin", *a.remote("origin")[:4]))
+    [large] = [k for k, _ in backend.list("blobs/")]   # the one blob of its own: large.bin
+    backend.delete(large)
+    b = _machine_b(tmp_path, capsys, s3, a_txt)
+    code, recs = cli(capsys, "--store", b / "store", "remote", "learn", "origin",
+                     "--session", "s1", "-C", b / "dir")
+    assert code == 1, recs
+    [done] = [r for r in recs if r["type"] == "learn.done"]
+    assert [(p["code"], p["object"], p["paths"]) for p in done["problems"]] == [
+        ("remote-object-missing", large, ["large.bin"])]
+    code, recs = cli(capsys, "--store", b / "store", "rewind", "-C", b / "dir", "t1",
+                     "--session", "s1")
+    assert code == 0, recs
+    target = _turn_epoch(b / "store", b / "dir", "s1", 1)
     assert compare(expected[target], exact(b / "dir")) == []
