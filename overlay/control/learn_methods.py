@@ -1,4 +1,4 @@
-"""Control-socket methods of remotes: ``remote.learn``.
+"""Control-socket method of learning a remote history: ``remote.learn``.
 
 ``remote.learn {remote, session?, workspace?}`` teaches the mounted workspace a pushed
 history it has none of (``rewind.learn``: docs/remote.md, "On a new machine").  The
