@@ -53,6 +53,9 @@ class RewindResult:
     meta: int = 0
     failed: tuple = ()
     foreign: tuple = ()
+    # the ``remote.learn`` result when the point was learned from a remote first
+    # (``Rewindfs(remote=...)``), else None
+    learned: Any = None
     raw: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
     @classmethod

@@ -16,6 +16,16 @@ of every turn, and the loop (or its user) can go back::
 Turns are addressed by absolute number (never relative: DESIGN invariant 8).
 If the daemon is unreachable when a turn begins, the turn still runs unprotected and
 one warning is logged per :class:`Rewindfs` (pass ``strict=True`` to raise instead).
+
+With a remote named (``Rewindfs.for_directory(workdir, remote="origin")``, a remote
+the store knows: ``rewindfs remote add``), a session can go on on another machine:
+
+- each turn's end asks the daemon to push (``push``, ``wait=False``: queued, the turn
+  never waits for the network); a push the daemon refuses never fails the turn — the
+  mark's ``push_error`` says why, and it is logged once per code;
+- ``rewind(2, session="s1")`` of a point this workspace does not know learns the
+  history pushed to the remote first (``remote.learn``, once per :class:`Rewindfs`;
+  docs/remote.md, "On a new machine") and rewinds then; ``redo()`` comes back.
 """
 
 from __future__ import annotations
@@ -46,6 +56,10 @@ class TurnMark:
     session: str
     turn: int
     epoch: int | None
+    # set when the turn has ended with a remote named: the daemon's push reply, or why
+    # the push was not queued (the turn itself stands either way)
+    push: dict | None = None
+    push_error: RewindfsClientError | None = None
 
     @property
     def protected(self) -> bool:
@@ -55,22 +69,28 @@ class TurnMark:
 class Rewindfs:
     """The agent-loop API over one :class:`~plugin.client.Client`."""
 
-    def __init__(self, client: Client | None, *, strict: bool = False):
+    def __init__(self, client: Client | None, *, strict: bool = False,
+                 remote: str | None = None):
         self.client = client
         self.strict = strict
+        self.remote = remote
+        self.learned: dict | None = None      # what remote.learn taught, once
         self._warned = False
+        self._push_warned: set[str] = set()
 
     @classmethod
-    def for_directory(cls, directory=".", *, store=None, strict=False, timeout=30.0) -> "Rewindfs":
+    def for_directory(cls, directory=".", *, store=None, strict=False, timeout=30.0,
+                      remote: str | None = None) -> "Rewindfs":
         """Find the daemon serving *directory*; without one, turns run unprotected
-        (or ``NotMounted`` is raised when *strict*)."""
+        (or ``NotMounted`` is raised when *strict*).  *remote*: the remote turns are
+        pushed to and unknown points are learned from (module docstring)."""
         try:
             client = Client.for_directory(directory, store=store, timeout=timeout)
         except NotMounted:
             if strict:
                 raise
             client = None
-        return cls(client, strict=strict)
+        return cls(client, strict=strict, remote=remote)
 
     def close(self) -> None:
         if self.client is not None:
@@ -98,6 +118,36 @@ class Rewindfs:
         finally:
             if mark.protected:
                 self.client.turn_end(session)
+                if self.remote is not None:
+                    self._push_after(mark)
+
+    def _push_after(self, mark: TurnMark) -> None:
+        """Queue a push of the ended turn; a refusal is kept on the mark and logged once
+        per code, never raised (the turn has happened, its files are captured)."""
+        try:
+            mark.push = self.push(wait=False)    # this workspace (the daemon's own)
+        except RewindfsClientError as exc:
+            mark.push_error = exc
+            if exc.code not in self._push_warned:
+                self._push_warned.add(exc.code)
+                log.warning("rewindfs: turns are not pushed to remote %s: %s (%s)",
+                            self.remote, _push_reason(exc), exc.code)
+
+    def push(self, *, wait: bool = False, session: str | None = None) -> dict:
+        """Ask the daemon to push to the remote named at construction (the daemon's
+        only remote when none was); ``wait=False`` only queues it."""
+        return self._require().push(self.remote, session=session, wait=wait)
+
+    def learn(self, *, session: str | None = None, workspace: str | None = None) -> dict:
+        """Teach this workspace the history pushed to the remote (``remote.learn``):
+        the remote workspace *workspace*, or the one where *session* ran turns.  No file
+        changes; refused (``learn-target-has-history``) when it has history here."""
+        if self.remote is None:
+            raise RewindfsClientError("no remote named: Rewindfs.for_directory(..., "
+                                      "remote=NAME)", code="usage")
+        self.learned = self._require().remote_learn(self.remote, session=session,
+                                                    workspace=workspace)
+        return self.learned
 
     def _begin(self, session, n, label, force=False) -> int | None:
         if self.client is None:
@@ -150,8 +200,18 @@ class Rewindfs:
             to = f"t{turn}"
         else:
             to = f"e{epoch}"   # a bare number with a session would mean a turn number
-        return self._require().rewind(to, paths=paths, dry_run=dry_run, session=session,
-                                      undo_for=undo_for, force=force, on_event=on_event)
+
+        def attempt() -> RewindResult:
+            return self._require().rewind(to, paths=paths, dry_run=dry_run, session=session,
+                                          undo_for=undo_for, force=force, on_event=on_event)
+        try:
+            return attempt()
+        except RewindfsClientError as exc:
+            # a point made on another machine: learn the pushed history (once), again
+            if exc.code != "unknown-point" or self.remote is None or self.learned is not None:
+                raise
+        learned = self.learn(session=session)
+        return dataclasses.replace(attempt(), learned=learned)
 
     def redo(self, *, session: str | None = None, force=False, on_event=None) -> RewindResult:
         """Undo the newest rewind of owner *session* (None: those made without one) not
@@ -160,6 +220,13 @@ class Rewindfs:
         changed after that rewind (``details["data"]`` names the changes), unless
         *force*."""
         return self._require().redo(session, force=force, on_event=on_event)
+
+
+def _push_reason(exc: RewindfsClientError) -> str:
+    if exc.code == "unknown-method":
+        return "this daemon has no push method (a rewindfs without background push; " \
+               "run `rewindfs push` by hand)"
+    return exc.message
 
 
 def _check_turn(turn) -> None:

@@ -77,6 +77,11 @@ def _nothing(result: dict) -> None:
     return None
 
 
+def _given(**params) -> dict:
+    """The params that are set (an optional one is left out, not sent as null)."""
+    return {k: v for k, v in params.items() if v is not None}
+
+
 class _Calls:
     """The typed calls, written once for both clients.
 
@@ -133,6 +138,22 @@ class _Calls:
     def fork(self, child: str, parent: str, boundary_turn: int) -> None:
         return self._run("fork", {"child": child, "parent": parent,
                                   "boundary_turn": boundary_turn}, _nothing)
+
+    def remote_learn(self, remote: str, *, session: str | None = None,
+                     workspace: str | None = None) -> dict:
+        """Teach the workspace (no history here yet) the history pushed to *remote*:
+        the remote workspace *workspace*, or the one where *session* ran turns.  No
+        file changes; returns what was learned (``head_epoch``, ``epoch``, …).  Refused
+        with ``learn-target-has-history`` when the store has history for it."""
+        return self._run("remote.learn", _given(remote=remote, session=session,
+                                                workspace=workspace), dict)
+
+    def push(self, remote: str | None = None, *, session: str | None = None,
+             wait: bool = False) -> dict:
+        """Ask the daemon to push to *remote* (default: its only one); ``wait=False``
+        queues it (``{queued: true, pending: N}``) and returns at once."""
+        return self._run("push", _given(remote=remote, session=session, wait=bool(wait)),
+                         dict)
 
     def gc(self, **policy) -> dict:
         return self._run("gc", policy, dict)

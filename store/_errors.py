@@ -270,3 +270,25 @@ def all_error_classes() -> list[type[RewindfsError]]:
         seen.append(cls)
         todo.extend(cls.__subclasses__())
     return seen
+
+
+class LearnTargetHasHistory(RemoteError):
+    """Cannot learn a remote history into {path}: {reason}; learning fills only a workspace this store has no history for (restore into a new directory instead)."""
+
+    code = "learn-target-has-history"
+    exit_code = EXIT_USAGE
+
+
+class UnknownRemoteSession(RemoteError):
+    """Remote {remote} has no workspace where session {session} ran turns (see `rewindfs remote log {remote}`)."""
+
+    code = "unknown-remote-session"
+    exit_code = EXIT_USAGE
+
+
+class AmbiguousRemoteWorkspace(RemoteError):
+    """Which workspace of remote {remote}? {what} is in several: {listed}; name one with --workspace ID."""
+
+    code = "ambiguous-remote-workspace"
+    exit_code = EXIT_USAGE
+    wire_details = ("choices",)

@@ -64,6 +64,16 @@ def ensure(txn, db, session: str) -> None:
         txn.put(key, S.dump(key, [None, None, time.time_ns()]), db=db["sessions"])
 
 
+def lineage(txn, db, session: str) -> list[str]:
+    """``session`` and its fork ancestors, nearest first (a loop is cut)."""
+    out: list[str] = []
+    while session is not None and session not in out:
+        out.append(session)
+        rec = _record(txn, db, session)
+        session = None if rec is None else rec[0]
+    return out
+
+
 def _record(txn, db, session: str):
     """(parent, boundary turn, created_ns) of ``session``, verified; None if unknown."""
     key = session.encode()

@@ -276,6 +276,12 @@ class Store:
         with self._w() as txn:
             _session.fork(txn, self._db, child, parent, int(boundary_turn))
 
+    def session_lineage(self, session: str) -> list[str]:
+        """``session`` and the sessions it was forked from, nearest first."""
+        _session.check_session(session)
+        with self._r() as txn:
+            return _session.lineage(txn, self._db, session)
+
     def session_points(self, ws, session) -> list[tuple[int, int]]:
         with self._r() as txn:
             return _session.points(txn, self._db, ws, session)
@@ -466,15 +472,19 @@ class Store:
             return _transfer.export(txn, self._db, ws)
 
     def import_history(self, ws, history, *, label: str, head, point=None, session=None,
-                       dry_run: bool = False):
+                       dry_run: bool = False, replace_empty: bool = False,
+                       settle: bool = False):
         """Write ``history`` into ``ws`` (no history yet), open an ``idle`` epoch
         holding ``head`` and resolve ``point``: (offset, that epoch, point's epoch id);
         one transaction, all or nothing (``_transfer.import_into``).  ``dry_run``:
-        the same checks and answer, then the transaction is aborted (nothing written)."""
+        the same checks and answer, then the transaction is aborted (nothing written).
+        ``replace_empty`` and ``settle``: learning into an existing workspace
+        (``_transfer``'s contract)."""
         try:
             with self._w() as txn:
                 result = _transfer.import_into(txn, self._db, ws, history, label=label,
-                                               head=head, point=point, session=session)
+                                               head=head, point=point, session=session,
+                                               replace_empty=replace_empty, settle=settle)
                 if dry_run:
                     raise _transfer.Rollback(result)
                 return result

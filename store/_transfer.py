@@ -16,6 +16,14 @@ workspace that has no history yet, in **one write transaction** (all or nothing)
 That last epoch is how a restore puts a pushed workspace back (docs/remote.md): its
 entries are the pushed tree (the *head*), and the workspace directory starts empty, so
 by the point rule point ``eH`` is the head and every earlier point is what it was.
+
+Learning (``replace_empty``) imports into a workspace that already exists here but
+holds nothing worth keeping: epochs with no journal entry and no turn (a mount opens
+an ``idle`` epoch at once).  Those are dropped in the same transaction (their ids may
+be taken by imported epochs when no epoch of the store lies at or above them:
+``_offset``); any journal entry or turn refuses
+(``LearnTargetHasHistory``) with nothing changed.  ``settle`` then closes the head
+epoch and opens a fresh ``idle`` one, so the point at its start is the tree as it is.
 """
 
 from __future__ import annotations
@@ -25,7 +33,7 @@ from dataclasses import dataclass, field, replace
 
 from . import _epoch, _journal, _session
 from . import _schema as S
-from ._errors import RestoreTargetInUse
+from ._errors import LearnTargetHasHistory, RestoreTargetInUse
 from ._preimage import Damaged, PreImage, check_relpath, encode
 
 
@@ -85,16 +93,21 @@ def _with_ancestry(txn, db, name: str, into: dict) -> None:
 
 
 def import_into(txn, db, ws: int, hist: History, *, label: str, head,
-                point=None, session=None) -> tuple[int, _epoch.Epoch, int | None]:
+                point=None, session=None, replace_empty: bool = False,
+                settle: bool = False) -> tuple[int, _epoch.Epoch, int | None]:
     """Write ``hist`` into ``ws`` (which must have no epoch), then open the ``idle``
     epoch ``label`` holding ``head`` ([(path, PreImage)]).  Returns (id offset, that
     epoch, the epoch id ``point`` names or None).  ``RestoreTargetInUse`` if ``ws`` has
     history; a ``point`` that names nothing raises its error (``UnknownPoint``,
-    ``BadPoint``, ``AmbiguousPoint``) and the caller's transaction imports nothing."""
-    if _epoch.last(txn, db, ws) is not None:
+    ``BadPoint``, ``AmbiguousPoint``) and the caller's transaction imports nothing.
+    ``replace_empty``: epochs without journal or turn are dropped first, others raise
+    ``LearnTargetHasHistory``; ``settle``: a fresh ``idle`` epoch follows the head's."""
+    if replace_empty:
+        _drop_empty(txn, db, ws)
+    elif _epoch.last(txn, db, ws) is not None:
         raise RestoreTargetInUse(path=_ws_path(txn, db, ws),
                                  reason="this store already has history for it")
-    offset = _offset(txn, db, [e.id for e in hist.epochs])
+    offset = _offset(txn, db, [e.id for e in hist.epochs], reuse_free=replace_empty)
 
     def moved(eid):
         return None if eid is None else eid + offset
@@ -125,14 +138,41 @@ def import_into(txn, db, ws: int, hist: History, *, label: str, head,
             txn.put(b"next_epoch", S.dump(b"next_epoch", top), db=db["meta"])
     head_epoch = _epoch.open_new(txn, db, ws, "idle", label=label)
     _journal.record(txn, db, ws, head_epoch.id, head)
+    if settle:
+        _epoch.open_new(txn, db, ws, "idle")
     target = None if point is None else _session.resolve(txn, db, ws, point, session)
     return offset, head_epoch, target
 
 
-def _offset(txn, db, ids: list[int]) -> int:
+def _drop_empty(txn, db, ws: int) -> None:
+    """Drop every epoch of ``ws``; ``LearnTargetHasHistory`` (before any change) if one
+    has a journal entry, a turn names one, or a rewind's intent is pending."""
+    epochs = _epoch.all_of(txn, db, ws)
+    path = _ws_path(txn, db, ws)
+    if next(_journal.entries_from(txn, db, ws, 0), None) is not None:
+        changed = sum(e.paths for e in epochs)
+        raise LearnTargetHasHistory(path=path, reason=f"this store has history for it "
+                                    f"({len(epochs)} epochs, {changed} recorded changes)")
+    turns = list(_turns(txn, db, ws))
+    if turns:
+        raise LearnTargetHasHistory(path=path, reason=f"turns ran in it here "
+                                    f"(session {turns[0][0]}, turn {turns[0][1]})")
+    if txn.get(S.u32(ws), db=db["intents"]) is not None:
+        raise LearnTargetHasHistory(path=path, reason="an interrupted rewind is pending")
+    for e in epochs:
+        txn.delete(S.ws_epoch_key(ws, e.id), db=db["ws_epochs"])
+        txn.delete(S.u64(e.id), db=db["epochs"])
+
+
+def _offset(txn, db, ids: list[int], *, reuse_free: bool = False) -> int:
     """0 if every id is free and at or above the next id, else the shift that starts
-    them at the next id."""
+    them at the next id.  ``reuse_free`` (learning, after its empty epochs were
+    dropped): 0 also when no epoch of the store has an id at or above the lowest of
+    ``ids`` — the imported epochs are then still above every epoch there is, and keeping
+    the ids keeps the workspace bound to the remote's history (a push extends it)."""
     if not ids:
+        return 0
+    if reuse_free and not txn.cursor(db=db["epochs"]).set_range(S.u64(min(ids))):
         return 0
     nxt = _epoch.next_id(txn, db)
     return 0 if min(ids) >= nxt else nxt - min(ids)

@@ -1,11 +1,14 @@
-"""CLI commands of remotes: ``remote add|list|remove|log``, ``push``, ``restore``, and the
-remote halves of ``fsck --remote`` and ``gc --remote``.
+"""CLI commands of remotes: ``remote add|list|remove|log|learn``, ``push``, ``restore``,
+and the remote halves of ``fsck --remote`` and ``gc --remote``.
 
 A remote is S3-compatible object storage (``store.remote``, docs/remote.md); its
 configuration lives in the store, credentials come from the standard AWS chain.
 ``push`` uploads what the remote lacks of a workspace's history (resumable: run it
 again), ``restore`` puts a pushed point onto a new directory from any machine and
-teaches the local store its history (``overlay.rewind.remote``).
+teaches the local store its history (``overlay.rewind.remote``).  ``remote learn``
+teaches a workspace that has files but no history here a pushed history, changing no
+file (``overlay.rewind.learn``): through the daemon when it is mounted
+(``remote.learn``), else straight on the directory.
 """
 
 from __future__ import annotations
@@ -21,17 +24,17 @@ from rewindfs.store.remote import (DEFAULT_GRACE_S, RemoteConfig, check_remote, 
 from rewindfs.store._errors import UnknownRemoteWorkspace
 
 from rewindfs.overlay.cli import options
+from rewindfs.overlay.control import client
 from rewindfs.overlay.cli.render import escape, human_bytes, parse_duration
-from rewindfs.overlay.errors import NotAWorkspace, UsageError
-from rewindfs.overlay.places import resolve_store_path
+from rewindfs.overlay.errors import NotAWorkspace, StaleMount, UsageError
+from rewindfs.overlay.places import find_rewindfs_mount, find_socket, resolve_store_path
+from rewindfs.overlay.rewind import learn as tree_learn
 from rewindfs.overlay.rewind import remote as tree_remote
 
 __all__ = ["HANDLERS", "register"]
 
 
-def _config(store, name: str) -> RemoteConfig:
-    url, endpoint, region, conditional, _added = store.remote(name)
-    return RemoteConfig(name, url, endpoint, region, conditional)
+_config = tree_remote.config_of
 
 
 def _default_remote(store, name: str | None) -> str:
@@ -117,6 +120,42 @@ def _render_remote_ws(out, state) -> None:
         if e.kind in ("rewind", "redo") and e.target is not None:
             what += f" → e{e.target}"
         out.say(f"  e{e.id}  {escape(what)}  {escape(e.label or '')}")
+
+
+# -- remote learn --------------------------------------------------------------------------
+
+def cmd_remote_learn(args, out) -> int:
+    store_path = resolve_store_path(args.store)
+    start = os.path.realpath(os.fsencode(args.workspace or "."))
+    params = {"remote": args.name, "workspace": args.workspace_id, "session": args.session}
+    live = find_socket(start, store_path)      # (socket, workspace root) or None
+    if live is not None:
+        sock, root = live
+        res = client.call(sock, "remote.learn", params)
+    else:
+        root, res = _learn_offline(store_path, start, params)
+    out.emit("learn.done", dir=os.fsdecode(root), **res)
+    _warn_problems(out, res["problems"])
+    out.say(f"learned {res['epochs']} epochs of workspace {escape(res['remote_workspace'])} "
+            f"from {escape(res['remote'])} into {escape(os.fsdecode(root))} (no file "
+            f"changed): the pushed tree is e{res['head_epoch']}, this directory as it is "
+            f"is e{res['epoch']}; `rewindfs log` lists the points")
+    return 1 if res["problems"] else 0
+
+
+def _learn_offline(store_path, start: bytes, params: dict) -> tuple[bytes, dict]:
+    if not os.path.isdir(start):
+        raise NotAWorkspace(path=os.fsdecode(start), store=str(store_path))
+    with Store.open(store_path) as store:
+        found = store.workspace_containing(start)
+        root = start if found is None else found[1]
+        if find_rewindfs_mount(root):
+            raise StaleMount(path=os.fsdecode(root))
+        config = _config(store, params["remote"])
+        learned = tree_learn.learn_offline(store, open_backend(config), config, root,
+                                           workspace=params["workspace"],
+                                           session=params["session"])
+    return root, learned.to_dict()
 
 
 # -- push ----------------------------------------------------------------------------------
@@ -225,14 +264,19 @@ def cmd_restore(args, out) -> int:
              problems=res.problems)
     for f in res.result.failed:
         out.warn(f"{os.fsdecode(f.path)}: {f.message} ({f.code})")
-    for p in res.problems:
-        out.warn(f"blob {p['blob'][:16]}… ({p['object']}): {p['reason'].rstrip('.')}; needed by "
-                 f"{', '.join(p['paths'][:5])} at {', '.join(p['epochs'][:5])}")
+    _warn_problems(out, res.problems)
     out.say(f"restored {escape(args.dir)} to e{res.target} from {escape(config.name)} "
             f"(workspace {escape(args.workspace_id)}: {bar.objects} objects, "
             f"{human_bytes(bar.bytes)}); the pushed tree is e{res.head_epoch}"
             + (" — partial, see the warnings" if res.exit_code else ""))
     return res.exit_code
+
+
+def _warn_problems(out, problems) -> None:
+    """A blob the remote could not give, with the paths and points that need it."""
+    for p in problems:
+        out.warn(f"blob {p['blob'][:16]}… ({p['object']}): {p['reason'].rstrip('.')}; needed by "
+                 f"{', '.join(p['paths'][:5])} at {', '.join(p['epochs'][:5])}")
 
 
 def fsck_remote(args, out) -> int:
@@ -290,7 +334,7 @@ def gc_remote_cmd(args, out) -> int:
 
 HANDLERS = {"remote-add": cmd_remote_add, "remote-list": cmd_remote_list,
             "remote-remove": cmd_remote_remove, "remote-log": cmd_remote_log,
-            "push": cmd_push, "restore": cmd_restore}
+            "remote-learn": cmd_remote_learn, "push": cmd_push, "restore": cmd_restore}
 
 
 # -- parsers -----------------------------------------------------------------------------
@@ -318,6 +362,16 @@ def register(sub) -> None:
     a.add_argument("--workspace", dest="workspace_id", metavar="ID", help="only this one")
     options.common(a)
     a.set_defaults(command="remote-log")
+    a = rs.add_parser("learn", help="teach this workspace (files, no history here yet) a "
+                      "pushed history, changing no file; then rewind to its points")
+    a.add_argument("name", metavar="NAME", help="the remote")
+    which = a.add_mutually_exclusive_group()
+    which.add_argument("--workspace", dest="workspace_id", metavar="ID",
+                       help="the remote workspace (rewindfs remote log NAME)")
+    which.add_argument("--session", metavar="S", help="the remote workspace where session "
+                       "S ran turns (default: the remote's only workspace)")
+    options.workspace(a)
+    a.set_defaults(command="remote-learn")
     p.set_defaults(command="remote-list")
 
     p = sub.add_parser("push", help="upload the history a remote lacks (resumable)")

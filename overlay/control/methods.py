@@ -24,6 +24,7 @@ from rewindfs.store._errors import InternalError, RewindfsError
 
 from rewindfs.overlay.control import history
 from rewindfs.overlay.control.host import DaemonHost
+from rewindfs.overlay.control.learn_methods import METHODS as LEARN_METHODS
 from rewindfs.overlay.control.rewind_methods import METHODS
 from rewindfs.overlay.control.wire import (VERSION, check_text, opt_str, parse_request,
                                            reply_error, reply_ok, req_int, req_str)
@@ -133,6 +134,7 @@ TABLE = {
 }
 TABLE.update(METHODS)
 TABLE.update(history.METHODS)
+TABLE.update(LEARN_METHODS)
 
 
 

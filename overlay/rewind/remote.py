@@ -24,14 +24,14 @@ import os
 from dataclasses import dataclass, field
 
 from rewindfs.store._errors import RestoreTargetInUse, UnknownRemoteWorkspace
-from rewindfs.store.remote import fetch_blobs, read_workspace, wanted_blobs
+from rewindfs.store.remote import RemoteConfig, fetch_blobs, read_workspace, wanted_blobs
 
 from rewindfs.overlay.capture import snapshot, subtree
 from rewindfs.overlay.rewind.engine import apply_plan, plan_rewind
 from rewindfs.overlay.rewind.land import set_meta_fd
 from rewindfs.overlay.tree.ignore import IgnoreRules
 
-__all__ = ["RemoteRestore", "capture_tree", "restore"]
+__all__ = ["Pushed", "RemoteRestore", "capture_tree", "config_of", "read_pushed", "restore"]
 
 
 def capture_tree(root_fd: int, store) -> list:
@@ -45,6 +45,60 @@ def capture_tree(root_fd: int, store) -> list:
         if img.exists:
             out.append((path, img))
     return out
+
+
+@dataclass
+class Pushed:
+    """A pushed workspace read from a remote and decoded, ready to import: its history
+    and its head without the root (the root is the directory the caller names: never
+    planned, its metadata set by a restore at the end)."""
+
+    config: object                                   # store.remote.RemoteConfig
+    remote: object                                   # store.remote.RemoteWorkspace
+    history: object                                  # store._transfer.History
+    head: list                                       # [(path, PreImage)], root left out
+    root_img: object = None                          # the root's PreImage, if pushed
+
+    @classmethod
+    def of(cls, config, remote) -> "Pushed":
+        history, head = remote.history(), remote.head_images()
+        root_img = next((img for path, img in head if path == b""), None)
+        return cls(config, remote, history, [(p, img) for p, img in head if p], root_img)
+
+    @property
+    def label(self) -> str:
+        return f"pushed tree, from remote {self.config.name}"
+
+    def fetch(self, store, backend, progress=None) -> list:
+        """Every blob the history and the head name, verified (``fetch_blobs``):
+        the ``BlobProblem``s of those the remote cannot give."""
+        return fetch_blobs(store, backend, self.remote, wanted_blobs(self.history, self.head),
+                           progress=progress)
+
+    def bind(self, store, ws: int, offset: int) -> bool:
+        """Bind ``ws`` to the remote workspace when its epoch ids were kept (a later
+        push extends that history); True if bound."""
+        if offset != 0:
+            return False
+        store.bind_remote(self.config.name, ws, self.remote.ws_id)
+        return True
+
+    def name_problems(self, problems, offset: int, head_epoch: int) -> list[dict]:
+        return [_name_problem(p, self.history, self.head, offset, head_epoch)
+                for p in problems]
+
+
+def config_of(store, name: str) -> RemoteConfig:
+    """The remote ``name`` as this store knows it; ``UnknownRemote``."""
+    url, endpoint, region, conditional, _added = store.remote(name)
+    return RemoteConfig(name, url, endpoint, region, conditional)
+
+
+def read_pushed(backend, config, ws_id: str) -> Pushed:
+    remote = read_workspace(backend, ws_id)
+    if not remote.segments:
+        raise UnknownRemoteWorkspace(remote=config.name, workspace=ws_id)
+    return Pushed.of(config, remote)
 
 
 @dataclass
@@ -62,37 +116,29 @@ class RemoteRestore:
 
 def restore(store, backend, config, ws_id: str, point, dest, *, session=None,
             progress=None) -> RemoteRestore:
-    remote = read_workspace(backend, ws_id)
-    if not remote.segments:
-        raise UnknownRemoteWorkspace(remote=config.name, workspace=ws_id)
-    history, head = remote.history(), remote.head_images()
-    # the root is the directory the caller names: never planned, its metadata set last
-    root_img = next((img for path, img in head if path == b""), None)
-    head = [(path, img) for path, img in head if path]
+    pushed = read_pushed(backend, config, ws_id)
     real = _prepare(dest)
     ws = store.workspace(real)
     if store.epochs(ws):
         raise RestoreTargetInUse(path=os.fsdecode(real),
                                  reason="this store already has history for it")
     # the point is checked (and the history's shape) before any blob is downloaded
-    store.import_history(ws, history, label="", head=[], point=point, session=session,
-                         dry_run=True)
-    problems = fetch_blobs(store, backend, remote, wanted_blobs(history, head),
-                           progress=progress)
+    store.import_history(ws, pushed.history, label="", head=[], point=point,
+                         session=session, dry_run=True)
+    problems = pushed.fetch(store, backend, progress)
     offset, head_epoch, target = store.import_history(
-        ws, history, label=f"pushed tree, from remote {config.name}", head=head,
-        point=point, session=session)
-    if offset == 0:
-        store.bind_remote(config.name, ws, ws_id)
+        ws, pushed.history, label=pushed.label, head=pushed.head, point=point,
+        session=session)
+    pushed.bind(store, ws, offset)
     fd = os.open(real, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         plan = plan_rewind(fd, store, ws, f"e{target}")
         result = apply_plan(fd, store, ws, plan, session=None)
-        if root_img is not None:
-            set_meta_fd(fd, root_img)
+        if pushed.root_img is not None:
+            set_meta_fd(fd, pushed.root_img)
     finally:
         os.close(fd)
-    named = [_name_problem(p, history, head, offset, head_epoch.id) for p in problems]
+    named = pushed.name_problems(problems, offset, head_epoch.id)
     return RemoteRestore(ws, target, head_epoch.id, result, named)
 
 

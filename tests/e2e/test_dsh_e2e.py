@@ -110,7 +110,7 @@ def test_rewind_and_redo_in_dsh(tmp_path):
                           expect_rc=None)
         assert proc.returncode != 0 and not (plain / "plain.txt").exists()
         assert 'rewindfs: unknown config key "turnTimout" (known: store, socket, turnTimeoutMs, ' \
-               "callTimeoutMs, enabled)" in proc.stderr
+               "callTimeoutMs, enabled, remote)" in proc.stderr
         assert "rewindfs: config callTimeoutMs=0 must be an integer from 1 to 3600000" in proc.stderr
 
         # Without a daemon the turns still run; the user is told once.

@@ -254,3 +254,49 @@ def test_plugin_imports_no_store_or_lmdb():
                 names = [node.module or ""]
             for n in names:
                 assert n.split(".")[0] not in ("store", "overlay", "lmdb"), (py, n)
+
+
+def test_agent_with_a_remote_pushes_after_each_turn_and_learns_unknown_points(tmp_path, caplog):
+    learned = []
+
+    def reply(req):
+        m, p = req["method"], req["params"]
+        if m == "push":
+            return ok(req, {"queued": True, "pending": 1})
+        if m == "remote.learn":
+            learned.append(p)
+            return ok(req, {"remote": p["remote"], "head_epoch": 30, "epoch": 31})
+        if m == "rewind" and not learned:
+            return err(req, "unknown-point", "No point t2 of session s1 in this workspace")
+        return standard_reply(req)
+
+    d = ScriptedDaemon(str(tmp_path / "d.sock"), reply)
+    try:
+        rw = Rewindfs(Client(d.path, timeout=5), remote="origin")
+        with rw.turn("s1", 3, "x") as mark:
+            pass
+        assert [r["method"] for r in d.requests] == ["turn.begin", "turn.end", "push"]
+        assert d.requests[-1]["params"] == {"remote": "origin", "wait": False}
+        assert mark.push == {"queued": True, "pending": 1} and mark.push_error is None
+        res = rw.rewind(2, session="s1")
+        assert [r["method"] for r in d.requests[3:]] == ["rewind", "remote.learn", "rewind"]
+        assert learned == [{"remote": "origin", "session": "s1"}]
+        assert res.target == "t2" and res.learned["head_epoch"] == 30
+        # learned once: a point still unknown afterwards is refused as it is
+        with pytest.raises(RewindfsClientError) as exc:
+            rw.rewind(7, session="s1")
+        assert exc.value.code == "unknown-point" and len(learned) == 1
+    finally:
+        d.close()
+
+
+def test_a_refused_push_never_fails_the_turn_and_is_logged_once(daemon, caplog):
+    rw = Rewindfs(Client(daemon.path, timeout=5), remote="origin")   # no push method
+    with caplog.at_level(logging.WARNING):
+        for n in (1, 2):
+            with rw.turn("s1", n, "x") as mark:
+                pass
+            assert mark.push is None and mark.push_error.code == "unknown-method"
+    assert [r["method"] for r in daemon.requests] == ["turn.begin", "turn.end", "push"] * 2
+    warned = [r.message for r in caplog.records if "not pushed" in r.message]
+    assert len(warned) == 1 and "no push method" in warned[0], warned

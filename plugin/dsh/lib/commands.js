@@ -61,12 +61,22 @@ export function renderPoints({ session, points }) {
 /** The reply to `/rewind <turn>`. */
 export function renderRewind(v) {
   const lines = [
+    ...renderLearned(v.learned),
     `rewindfs: rewound the files to the start of turn ${v.turn}${labelPart(v.target_point)} — e${v.target}: ${counts(v)}.`,
     `rewindfs: conversation forked before turn ${v.turn}: continue in session ${v.child} (session ${v.parent} is unchanged).`,
     `rewindfs: open session ${v.child} to go on there (web UI: the session list, under this workspace); this session's title now starts with "↩ ".`,
     `rewindfs: /redo in session ${v.child} undoes this rewind.`,
   ];
   return lines.concat(renderStopped(v.stopped ?? []), renderFailures(v)).join('\n');
+}
+
+/**
+ * The line saying the point came from a remote (`remote.learn`'s result), or none.
+ * @param {{remote: string, remote_workspace?: string, epochs?: number, head_epoch?: number, epoch?: number} | undefined} learned
+ */
+export function renderLearned(learned) {
+  if (learned === undefined || learned === null) return [];
+  return [`rewindfs: learned the history from remote ${learned.remote} (workspace ${learned.remote_workspace ?? '?'}, ${plural(learned.epochs ?? 0, 'epoch')}); no file changed by that — this directory as it was is point e${learned.epoch ?? '?'}, the pushed tree e${learned.head_epoch ?? '?'}.`];
 }
 
 /**
@@ -128,6 +138,10 @@ export function renderStatus(v) {
     `rewindfs: protecting ${v.workspace} (daemon pid ${v.pid ?? '?'}, store ${v.store ?? '?'})`,
     `rewindfs: epoch ${v.epoch ?? '?'}; ${open}; socket ${v.socket}`,
   ];
+  if (v.remote) {
+    const refused = (v.pushRefused ?? []).length > 0 ? `; NOT pushed: the daemon refused (${v.pushRefused.join(', ')})` : '';
+    lines.push(`rewindfs: remote ${v.remote}: pushed after each turn, points made elsewhere are learned on /rewind${refused}`);
+  }
   if ((v.unprotected ?? []).length > 0) lines.push(`rewindfs: turns that ran unprotected in this session: ${v.unprotected.join(', ')}`);
   if ((v.outside ?? []).length > 0) lines.push(`rewindfs: writes outside the workspace (not protected): ${v.outside.join(', ')}`);
   for (const w of v.late_writes ?? []) lines.push(renderLateWrite(w));

@@ -11,6 +11,9 @@
  *   turnTimeoutMs  integer  how long turn.begin may hold a turn's first step (1..60000, default 3000)
  *   callTimeoutMs  integer  limit for rewind/redo and other calls (1..3600000, default 600000)
  *   enabled        boolean  false keeps the commands but marks no turns (default true)
+ *   remote         string   a remote of the store (`rewindfs remote add NAME …`): each turn end
+ *                           asks the daemon to push there, and `/rewind N` of a point made on
+ *                           another machine learns the pushed history first (default: none)
  * @module rewindfs-dsh/config
  */
 
@@ -20,6 +23,7 @@ export const DEFAULTS = Object.freeze({
   turnTimeoutMs: 3000,
   callTimeoutMs: 600_000,
   enabled: true,
+  remote: undefined,
 });
 
 const RULES = {
@@ -28,6 +32,8 @@ const RULES = {
   turnTimeoutMs: (v) => intIn(v, 1, 60_000),
   callTimeoutMs: (v) => intIn(v, 1, 3_600_000),
   enabled: (v) => (typeof v === 'boolean' ? undefined : 'must be true or false'),
+  // the store's rule for remote names (store/_remotes.py)
+  remote: (v) => (typeof v === 'string' && /^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$/.test(v) ? undefined : "must be a remote's name (1-64 letters, digits, '.', '_' or '-'; see rewindfs remote list)"),
 };
 
 function intIn(v, lo, hi) {

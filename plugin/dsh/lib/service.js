@@ -9,6 +9,12 @@
  * waits for its queue (`drainSession`) and plugin teardown for all of them
  * (`drain`), so a one-shot run does not exit with a turn left open.
  *
+ * Remote (config `remote`): after each `turn.end` a `push {remote, wait: false}` is
+ * queued behind it (fire and forget: the daemon only queues the push; a refusal is
+ * told once per code and never fails the turn), and `/rewind N` of a point this
+ * workspace does not know learns the history pushed there first (`remote.learn`,
+ * docs/remote.md "On a new machine"), then rewinds.
+ *
  * Errors: socket failures arrive as RewindfsCallError (`code` = the daemon's code
  * or `not-mounted`, `daemon-unreachable`, `timeout`, ...) and leave here as refusals.
  * @module rewindfs-dsh/service
@@ -62,6 +68,7 @@ export class RewindfsService {
     this.sessions = new Map();   // session id -> {begun: Map<turn, state>, ended, open, warned, unprotected}
     this.outside = new Set();    // tool writes outside the workspace (not protected)
     this.stoppedFor = new Map(); // child session -> {turn, stopped}: what its rewind stopped
+    this.pushRefused = new Set(); // push refusal codes already told (once each)
   }
 
   /** The daemon serving `cwd`: {socket, workspace} or undefined. */
@@ -165,8 +172,26 @@ export class RewindfsService {
     s.open = undefined;
     const cwd = this.cwdOfSession(sessionId);
     const job = () => this.rpc(cwd, 'turn.end', { session: sessionId }, { timeoutMs: Math.max(this.config.turnTimeoutMs, 10_000) });
-    this.enqueue(sessionId, job).catch((error) => {
+    this.enqueue(sessionId, job).then(() => this.pushAfterTurn(sessionId, cwd), (error) => {
       this.notify.warn(`rewindfs: could not end turn ${turn} of session ${sessionId}: ${error.message}`);
+    });
+  }
+
+  /**
+   * With a remote configured: ask the daemon to push the ended turn (queued behind
+   * the turn.end, `wait: false`: the daemon answers at once).  Never throws; a
+   * refusal is told once per code (an older daemon without `push`: unknown-method).
+   */
+  pushAfterTurn(sessionId, cwd) {
+    const remote = this.config.remote;
+    if (remote === undefined) return;
+    const job = () => this.rpc(cwd, 'push', { remote, wait: false }, { timeoutMs: Math.max(this.config.turnTimeoutMs, 10_000) });
+    this.enqueue(sessionId, job).catch((error) => {
+      const code = codeOf(error);
+      if (this.pushRefused.has(code)) return;
+      this.pushRefused.add(code);
+      const why = code === 'unknown-method' ? 'this rewindfs daemon cannot push in the background (run `rewindfs push` by hand)' : error.message;
+      this.notify.warn(`rewindfs: turns are not pushed to remote ${remote} (${code}): ${why}`);
     });
   }
 
@@ -188,7 +213,7 @@ export class RewindfsService {
     const cwd = this.cwdOf(agent);
     try {
       const { where, result } = await this.enqueue(agent?.id ?? '', () => this.rpc(cwd, 'status', {}));
-      return ok({ ...result, socket: result.socket ?? where.socket, workspace: result.workspace ?? where.workspace, outside: [...this.outside], unprotected: agent ? this.state(agent.id).unprotected : [] });
+      return ok({ ...result, socket: result.socket ?? where.socket, workspace: result.workspace ?? where.workspace, outside: [...this.outside], unprotected: agent ? this.state(agent.id).unprotected : [], remote: this.config.remote ?? null, pushRefused: [...this.pushRefused] });
     } catch (error) {
       return refuseWith(error);
     }
@@ -255,10 +280,12 @@ export class RewindfsService {
     const cut = forkCut(events, turn);
     if (cut.missing) return refuse('unknown-point', `session ${agent.id} has no turn ${turn} (turns: ${cut.turns.join(', ') || 'none yet'})`);
     let epoch;
+    let learned;
     try {
-      const { result } = await this.rpc(cwd, 'points', { session: agent.id });
-      epoch = pickPoint(result.points ?? [], agent.id, turn)?.epoch;
-      if (epoch === undefined) return refuse('unknown-point', `rewindfs has no point for turn ${turn} of session ${agent.id} (that turn ran unprotected, or before the workspace was mounted)`);
+      const found = await this.findPoint(cwd, agent.id, turn);
+      epoch = found.point?.epoch;
+      learned = found.learned;
+      if (epoch === undefined) return refuse('unknown-point', `rewindfs has no point for turn ${turn} of session ${agent.id} (that turn ran unprotected, or before the workspace was mounted)${found.note ?? ''}`);
       // A dry run first: a refusal (turn open, bad point) must come before the fork.
       // "e<id>" names the epoch: a bare number with a session means a turn number.
       await this.rpc(cwd, 'rewind', { to: `e${epoch}`, session: agent.id, dry_run: true });
@@ -286,12 +313,34 @@ export class RewindfsService {
       }
       this.markRewound(agent.session);
       this.noteStopped(childId, turn, work.value.stopped);
-      return ok({ ...result, turn, target: result.target ?? epoch, parent: agent.id, child: childId, seedLength: cut.cut, forked: !forked, stopped: work.value.stopped });
+      return ok({ ...result, turn, target: result.target ?? epoch, parent: agent.id, child: childId, seedLength: cut.cut, forked: !forked, stopped: work.value.stopped, ...(learned === undefined ? {} : { learned }) });
     } catch (error) {
       if (handle === undefined) return refuseWith(error, `${error.message} (the files were not rewound)`);
       await handle.dispose().catch(() => {});
       return refuseWith(error, `${error.message} (the files were not rewound; the forked session ${childId} was discarded)${stoppedNote(work.value.stopped)}`);
     }
+  }
+
+  /**
+   * The point of `turn` in session `sessionId` (its own, else inherited); when there
+   * is none and a remote is configured, learn the history pushed there
+   * (`remote.learn`: the workspace must have no history here; no file changes) and
+   * look again.  A learning the daemon refuses leaves the point unknown, with `note`
+   * saying why.  Socket failures of `points` throw.
+   * @returns {Promise<{point?: object, learned?: object, note?: string}>}
+   */
+  async findPoint(cwd, sessionId, turn) {
+    const look = async () => pickPoint((await this.rpc(cwd, 'points', { session: sessionId })).result.points ?? [], sessionId, turn);
+    const point = await look();
+    const remote = this.config.remote;
+    if (point !== undefined || remote === undefined) return { point };
+    let learned;
+    try {
+      ({ result: learned } = await this.rpc(cwd, 'remote.learn', { remote, session: sessionId }));
+    } catch (error) {
+      return { note: `; not learned from remote ${remote}: ${error.message} (${codeOf(error)})` };
+    }
+    return { point: await look(), learned };
   }
 
   // ---- background work of removed turns (lib/jobs.js) --------------------------

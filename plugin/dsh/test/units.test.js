@@ -11,11 +11,15 @@ test('config: defaults, accepted values, refusals that name the key', () => {
   assert.equal(validateConfig({ turnTimeoutMs: 500 }).value.turnTimeoutMs, 500);
   const bad = Config['~standard'].validate({ turnTimout: 5 });
   assert.equal(bad.issues.length, 1);
-  assert.match(bad.issues[0].message, /unknown config key "turnTimout" \(known: store, socket, turnTimeoutMs, callTimeoutMs, enabled\)/);
+  assert.match(bad.issues[0].message, /unknown config key "turnTimout" \(known: store, socket, turnTimeoutMs, callTimeoutMs, enabled, remote\)/);
   assert.match(validateConfig({ turnTimeoutMs: 0 }).issues[0].message, /turnTimeoutMs=0 must be an integer from 1 to 60000/);
   assert.match(validateConfig({ enabled: 'yes' }).issues[0].message, /enabled="yes" must be true or false/);
   assert.match(validateConfig({ socket: 'rel.sock' }).issues[0].message, /absolute socket path/);
   assert.match(validateConfig([1]).issues[0].message, /must be a mapping/);
+  assert.equal(validateConfig({ remote: 'origin' }).value.remote, 'origin');
+  for (const bad of ['', 'a b', '-x', 7, 'x'.repeat(65)]) {
+    assert.match(validateConfig({ remote: bad }).issues[0].message, /^rewindfs: config remote=.* must be a remote's name/, String(bad));
+  }
 });
 
 test('turn arguments: absolute numbers only', () => {
