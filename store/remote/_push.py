@@ -49,6 +49,7 @@ class PushReport:
     epochs: int = 0
     entries: int = 0
     head: bool = False
+    last_epoch: int | None = None       # the newest epoch of the history pushed
     unreadable: list = field(default_factory=list)   # local blob keys (hex)
 
     def as_dict(self) -> dict:
@@ -87,6 +88,7 @@ def push_workspace(store, ws: int, backend, config, ws_id: str, head, *,
         }
         run.report.epochs, run.report.entries = len(final["epochs"]), len(entries)
         run.report.head = new_head
+        run.report.last_epoch = max((e.id for e in hist.epochs), default=None)
         if run.pending or any(v for v in final.values()):
             run.write_segment(**final)
         return run.report

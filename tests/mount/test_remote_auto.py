@@ -1,0 +1,214 @@
+"""``mount --auto``: pushes in the background after every turn end, through a real
+daemon and a real S3 server (``rclone serve s3``), seen from outside: turns through the
+socket, files through the mount, ``status`` and restores with the CLI.
+
+Waiting for the background pusher is bounded by generous deadlines, never asserted on
+(``_until``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+from mountkit import cli, is_rewindfs_mount, mounted
+from remotekit import S3Server
+from treesnap import compare, snapshot
+
+# Trees are compared without mtimes, as in test_remote_mount.py (writeback cache).
+
+_WAIT_S = 120.0
+
+
+def _json(proc) -> list[dict]:
+    return [json.loads(line) for line in proc.stdout.splitlines() if line.strip()]
+
+
+def _env(server) -> dict:
+    return {**server.env, "REWINDFS_PUSH_RETRY_MAX_S": "0.5", "REWINDFS_PUSH_FINAL_S": "5"}
+
+
+def _add_remote(server, store, name="origin"):
+    r = cli("remote", "add", name, server.url(), "--endpoint", server.endpoint, store=store,
+            env=server.env)
+    assert r.returncode == 0, r.stderr
+
+
+def _auto(m, name="origin") -> dict:
+    push = m.call("status")["push"]
+    assert push["auto"] == name
+    return next(r for r in push["remotes"] if r["remote"] == name)
+
+
+def _until(what: str, probe):
+    """Poll ``probe()`` until it returns something true; fail after a generous bound."""
+    deadline = time.monotonic() + _WAIT_S
+    while True:
+        got = probe()
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            raise AssertionError(f"never happened: {what}")
+        time.sleep(0.05)
+
+
+def _drained(m):
+    row = _auto(m)
+    return row if row["unpushed_epochs"] == 0 and not row["queued"] \
+        and row["state"] == "idle" else None
+
+
+def _turn(m, ws, n: int, files: dict) -> object:
+    m.call("turn.begin", session="s1", turn=n, label=f"turn {n}")
+    tree = snapshot(ws)
+    for name, data in files.items():
+        path = ws / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+    m.call("turn.end")
+    return tree
+
+
+def _restore_equals(tmp_path, server, ws_id: str, point: str, tree, tag: str) -> None:
+    fresh = tmp_path / f"fresh-{tag}"
+    _add_remote(server, fresh / "store")
+    r = cli("--json", "restore", "--from", "origin", "--workspace", ws_id, "--point", point,
+            fresh / "dir", store=fresh / "store", env=server.env)
+    assert r.returncode == 0, r.stderr + r.stdout
+    assert compare(tree, snapshot(fresh / "dir")) == [], point
+
+
+def test_auto_pushes_every_turn_and_the_remote_restores_each(tmp_path):
+    server = S3Server(tmp_path / "s3data").start()
+    try:
+        ws, store = tmp_path / "ws", tmp_path / "store"
+        _add_remote(server, store)
+        points = {}
+        with mounted(ws, store, extra=["--auto"], env=_env(server)) as m:
+            points[1] = _turn(m, ws, 1, {"a.txt": b"one\n", "big.bin": os.urandom(1_500_000)})
+            points[2] = _turn(m, ws, 2, {"a.txt": b"two\n", "src/b.py": b"print(2)\n"})
+            points[3] = _turn(m, ws, 3, {"src/b.py": b"print(3)\n", "c": b"c" * 5000})
+            last = snapshot(ws)
+            row = _until("every turn pushed", lambda: _drained(m))
+            assert row["pushed_epoch"] == row["head_epoch"] and row["workspace"]
+            assert row["pushed_ns"] and row["last_error"] is None
+            # the control method, both ways
+            done = m.call("push", remote="origin", wait=True)
+            assert done["workspace"] == row["workspace"] and done["objects"] == 0
+            queued = m.call("push", wait=False, session="s1")
+            assert queued["queued"] is True and queued["pending"] >= 1
+        for turn, tree in points.items():
+            _restore_equals(tmp_path, server, row["workspace"], f"t{turn}", tree, f"t{turn}")
+        # unmounted: status still says what is pushed, from the store's own record
+        r = cli("--json", "status", "-C", ws, store=store, env=server.env)
+        st = [x for x in _json(r) if x["type"] == "status"][0]
+        assert st["mounted"] is False
+        assert [(x["remote"], x["unpushed_epochs"]) for x in st["push"]["remotes"]] == \
+            [("origin", 0)]
+        assert _restore_after_all(tmp_path, server, row["workspace"], last)
+    finally:
+        server.stop()
+
+
+def _restore_after_all(tmp_path, server, ws_id, tree) -> bool:
+    """The newest pushed state (the pushed tree's epoch) is the tree after turn 3."""
+    fresh = tmp_path / "fresh-now"
+    _add_remote(server, fresh / "store")
+    r = cli("--json", "restore", "--from", "origin", "--workspace", ws_id, "--point", "t3",
+            fresh / "dir", store=fresh / "store", env=server.env)
+    assert r.returncode == 0, r.stderr
+    log = _json(cli("--json", "log", "-C", fresh / "dir", store=fresh / "store"))
+    head = [x for x in log if (x.get("label") or "").startswith("pushed tree")][-1]
+    r = cli("rewind", "-C", fresh / "dir", f"e{head['epoch']}", store=fresh / "store")
+    assert r.returncode == 0, r.stderr + r.stdout
+    assert compare(tree, snapshot(fresh / "dir")) == []
+    return True
+
+
+def test_a_network_cut_keeps_turns_going_and_the_queue_drains_later(tmp_path):
+    server = S3Server(tmp_path / "s3data").start()
+    try:
+        ws, store = tmp_path / "ws", tmp_path / "store"
+        _add_remote(server, store)
+        with mounted(ws, store, extra=["--auto", "origin"], env=_env(server)) as m:
+            _turn(m, ws, 1, {"a.txt": b"one\n"})
+            _until("turn 1 pushed", lambda: _drained(m))
+            server.stop()                                  # the port is closed now
+            _turn(m, ws, 2, {"a.txt": b"two\n", "b.bin": os.urandom(300_000)})
+            t3 = _turn(m, ws, 3, {"c.txt": b"three\n"})
+            row = _until("the cut seen", lambda: (r := _auto(m))["last_error"] and r)
+            assert row["unpushed_epochs"] > 0
+            assert row["last_error"]["code"] == "remote-unreachable"
+            assert row["last_error"]["at_ns"] > 0
+            server.start()                                 # same port, same objects
+            row = _until("the queue drained", lambda: _drained(m))
+            assert row["pushed_epoch"] == row["head_epoch"]
+        _restore_equals(tmp_path, server, row["workspace"], "t3", t3, "t3")
+    finally:
+        server.stop()
+
+
+def test_a_turn_mark_does_not_wait_for_a_stuck_push(tmp_path):
+    server = S3Server(tmp_path / "s3data").start()
+    try:
+        ws, store = tmp_path / "ws", tmp_path / "store"
+        _add_remote(server, store)
+        with mounted(ws, store, extra=["--auto"], env=_env(server)) as m:
+            os.kill(server.proc.pid, signal.SIGSTOP)       # accepts, never answers
+            try:
+                _turn(m, ws, 1, {"a.txt": b"one\n"})
+                _until("the push stuck", lambda: _auto(m)["state"] == "pushing")
+                m.call("turn.begin", session="s1", turn=2, label="two")
+                (ws / "b.txt").write_bytes(b"two\n")
+                ended = m.call("turn.end")
+                assert ended["ended"] is True
+                # the marks returned while the push was still stuck
+                assert _auto(m)["state"] == "pushing"
+            finally:
+                os.kill(server.proc.pid, signal.SIGCONT)
+            _until("pushed after the server woke", lambda: _drained(m))
+    finally:
+        server.stop()
+
+
+def test_the_push_method_names_an_unknown_remote(tmp_path):
+    server = S3Server(tmp_path / "s3data").start()
+    try:
+        ws, store = tmp_path / "ws", tmp_path / "store"
+        _add_remote(server, store)
+        with mounted(ws, store, env=_env(server)) as m:
+            from rewindfs.store._errors import UnknownRemote
+            try:
+                m.call("push", remote="nope", wait=False)
+            except UnknownRemote as exc:
+                assert exc.code == "unknown-remote"
+            else:
+                raise AssertionError("push to an unknown remote was accepted")
+            assert m.call("status")["push"]["auto"] is None
+    finally:
+        server.stop()
+
+
+def test_bad_auto_arguments_leave_nothing_mounted(tmp_path):
+    server = S3Server(tmp_path / "s3data").start()
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    try:
+        store = tmp_path / "store"
+        r = cli("--json", "mount", ws, "--auto", store=store, env=server.env)
+        assert (r.returncode, json.loads(r.stdout.splitlines()[-1])["code"]) == \
+            (3, "remote-unnamed"), r.stdout + r.stderr
+        assert not is_rewindfs_mount(ws)
+        _add_remote(server, store, "one")
+        r = cli("--json", "mount", ws, "--auto", "nope", store=store, env=server.env)
+        assert r.returncode == 3 and "unknown-remote" in r.stdout, r.stdout + r.stderr
+        assert not is_rewindfs_mount(ws)
+        _add_remote(server, store, "two")
+        r = cli("--json", "mount", ws, "--auto", store=store, env=server.env)
+        assert r.returncode == 3 and "remote-unnamed" in r.stdout, r.stdout + r.stderr
+        assert not is_rewindfs_mount(ws)
+    finally:
+        if is_rewindfs_mount(ws):
+            cli("unmount", ws, store=tmp_path / "store")
+        server.stop()
