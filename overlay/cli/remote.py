@@ -140,9 +140,10 @@ def _workspaces_to_push(store, args) -> list[tuple[int, bytes]]:
 
 
 def _push_one(store, backend, config, ws: int, root: bytes, out):
-    """A mounted workspace is pushed by its daemon (``push`` on the socket): it reads
-    the tree through its root fd, not through the mount, and one push at a time runs
-    per remote there — this process's push would meet the daemon's lease.  Else here."""
+    """A workspace mounted with ``--auto`` on this remote is pushed by its daemon
+    (``push`` on the socket): one push at a time per remote runs there, and this
+    process's own push would meet the daemon's lease.  Anything else is pushed here, with
+    this process's credentials (a daemon has those of the shell that mounted it)."""
     done = _push_by_daemon(store, config.name, root, out)
     if done is not None:
         return _say_pushed(out, done)
@@ -157,17 +158,19 @@ def _push_one(store, backend, config, ws: int, root: bytes, out):
 
 
 def _push_by_daemon(store, name: str, root: bytes, out) -> dict | None:
-    """The daemon's ``push.done`` record, or None when no daemon serves ``root``."""
+    """The daemon's ``push.done`` record, or None when no daemon serves ``root`` with
+    ``--auto`` on remote ``name``."""
     sock = control_socket_path(store.path, root)
+    try:
+        if client.call(sock, "status", {}).get("push", {}).get("auto") != name:
+            return None
+    except (ConnectionRefusedError, FileNotFoundError):
+        return None
     with _Progress(out, f"push {os.fsdecode(root)}", "push") as bar:
         def event(ev: dict) -> None:
             if ev.get("type") == "push.progress":
                 bar._show(ev["objects"], ev["bytes"], ev["blobs_done"], ev["blobs_total"])
-        try:
-            return client.call(sock, "push", {"remote": name, "wait": True},
-                               on_event=event, timeout=None)
-        except (ConnectionRefusedError, FileNotFoundError):
-            return None
+        return client.call(sock, "push", {"remote": name, "wait": True}, on_event=event)
 
 
 def _say_pushed(out, done: dict) -> dict:

@@ -222,11 +222,12 @@ class Pushers:
             out.append(row)
         return {"auto": self.auto, "remotes": out}
 
-    async def finish(self, bound: float) -> dict:
+    async def finish(self, bound: float) -> dict | None:
         """The last attempt before unmount (once; later calls return the same): every
         remote with a pusher and unpushed epochs or queued requests is pushed, for at
-        most ``bound`` seconds in all; then what is left, as ``status()``."""
-        if self.finished is not None:
+        most ``bound`` seconds in all; then what is left, as ``status()`` — None when
+        this daemon never pushed (nothing to say)."""
+        if self.finished is not None or not self._by_name:
             return self.finished
         deadline = time.monotonic() + bound
         for pusher in list(self._by_name.values()):

@@ -125,7 +125,7 @@ async def unmount(ctx: DaemonHost, params: dict, emit) -> dict:
     # the last background push first (bounded), so the reply can say what is left
     left = await ctx.pushers.finish(final_bound_s())
     ctx.request_unmount()  # takes effect after this reply is sent
-    return {"push": left}
+    return {"push": left} if left else {}
 
 
 TABLE = {

@@ -23,6 +23,8 @@ import math
 
 import trio
 
+from rewindfs.store._errors import RewindfsError
+
 from rewindfs.overlay.control.host import DaemonHost
 from rewindfs.overlay.control.wire import opt_str
 from rewindfs.overlay.errors import BadParams
@@ -48,13 +50,18 @@ async def push(ctx: DaemonHost, params: dict, emit) -> dict:
         except trio.ClosedResourceError:   # a late event of a push given up on
             pass
 
+    outcome: dict = {}
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_relay, recv, emit)
         try:
-            done = await pusher.push(progress)
+            outcome["done"] = await pusher.push(progress)
+        except RewindfsError as exc:   # raised out here: a nursery would wrap it in a group
+            outcome["error"] = exc
         finally:
             send.close()
-    return {**done, **({"session": session} if session else {})}
+    if "error" in outcome:
+        raise outcome["error"]
+    return {**outcome["done"], **({"session": session} if session else {})}
 
 
 async def _relay(recv, emit) -> None:

@@ -96,6 +96,11 @@ def test_auto_pushes_every_turn_and_the_remote_restores_each(tmp_path):
             # the control method, both ways
             done = m.call("push", remote="origin", wait=True)
             assert done["workspace"] == row["workspace"] and done["objects"] == 0
+            # `rewindfs push` on a mount with --auto goes through the daemon's pusher
+            r = cli("--json", "push", "-C", ws, store=store, env=server.env)
+            assert r.returncode == 0, r.stderr + r.stdout
+            pushed = [x for x in _json(r) if x["type"] == "push.done"][0]
+            assert pushed["workspace"] == row["workspace"] and pushed["objects"] == 0
             queued = m.call("push", wait=False, session="s1")
             assert queued["queued"] is True and queued["pending"] >= 1
         for turn, tree in points.items():
