@@ -64,6 +64,7 @@ class Pusher:
         self.requests = 0             # requests no finished push has served yet
         self.state = "idle"           # idle | pushing | retrying
         self.failures = 0
+        self.pushes = 0               # successful pushes since the mount
         self.last_error: dict | None = None
         self.retry_at_ns: int | None = None
         self.stop_at: float | None = None     # monotonic deadline, read by the thread
@@ -119,6 +120,7 @@ class Pusher:
                 raise wrapped from exc
             self.requests = max(0, self.requests - served)
             self.state, self.failures = "idle", 0
+            self.pushes += 1
             return done
 
     def _failed(self, exc: RewindfsError) -> None:
@@ -149,6 +151,7 @@ class Pusher:
     # -- what status shows ----------------------------------------------------------
     def statistics(self) -> dict:
         return {"state": self.state, "queued": self.requests, "failures": self.failures,
+                "pushes": self.pushes,
                 "last_error": self.last_error, "retry_at_ns": self.retry_at_ns}
 
 
