@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import time
 
 import trio
@@ -43,6 +44,10 @@ log = logging.getLogger(__name__)
 __all__ = ["Pusher", "Pushers", "final_bound_s"]
 
 BACKOFF_S = (1.0, 2.0, 5.0, 15.0, 30.0, 60.0)
+# How long a thread holding the GIL keeps it while another waits (CPython's default is
+# 5 ms).  A push thread hashes and compresses in Python for seconds; at 5 ms a turn mark,
+# which needs the GIL back a few times per round trip, waited up to 10-15 ms behind it.
+SWITCH_INTERVAL_S = 0.0005
 
 
 def _retry_max_s() -> float:
@@ -197,6 +202,7 @@ class Pushers:
         pusher = self._by_name.get(name)
         if pusher is None:
             self.host.store.remote(name)
+            sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH_INTERVAL_S))
             pusher = self._by_name[name] = Pusher(self.host, name)
             self._nursery.start_soon(pusher.serve)
         return pusher

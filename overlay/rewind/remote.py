@@ -89,12 +89,15 @@ def push_tree(store, ws: int, root_fd: int, backend, config, *, rules=None,
               progress=None, check=None):
     """Capture the tree under ``root_fd``, push workspace ``ws`` to ``config.name``,
     record the push in the store; the ``PushReport``.  The head is captured *before*
-    ``push_workspace`` reads the history (docs/remote.md "Consistency").  The workspace
+    ``push_workspace`` reads the history, and only epochs that began before the walk
+    are pushed (docs/remote.md "Consistency"): the tree may change while it is walked.  The workspace
     is bound to a remote workspace id before anything is sent, so a retry resumes it."""
     ws_id = store.remote_binding(config.name, ws)
     if ws_id is None:
         ws_id = secrets.token_hex(6)
         store.bind_remote(config.name, ws, ws_id)
+    # the epoch current as the walk begins bounds what this head can vouch for
+    upto = store.current_epoch(ws).id
     head = capture_tree(root_fd, store, rules=rules, check=check)
 
     def objects(report, done, total):
@@ -103,7 +106,8 @@ def push_tree(store, ws: int, root_fd: int, backend, config, *, rules=None,
         if progress is not None:
             progress(report, done, total)
 
-    report = push_workspace(store, ws, backend, config, ws_id, head, progress=objects)
+    report = push_workspace(store, ws, backend, config, ws_id, head, progress=objects,
+                            upto=upto)
     if report.last_epoch is not None:
         store.record_push(config.name, ws, report.last_epoch, time.time_ns())
     return report
