@@ -217,3 +217,33 @@ def test_bad_auto_arguments_leave_nothing_mounted(tmp_path):
         if is_rewindfs_mount(ws):
             cli("unmount", ws, store=tmp_path / "store")
         server.stop()
+
+
+def test_unmount_says_what_is_left_and_a_later_push_sends_it(tmp_path):
+    server = S3Server(tmp_path / "s3data").start()
+    try:
+        ws, store = tmp_path / "ws", tmp_path / "store"
+        _add_remote(server, store)
+        with mounted(ws, store, extra=["--auto"], env=_env(server)) as m:
+            server.stop()
+            _turn(m, ws, 1, {"a.txt": b"one\n"})
+            t2 = _turn(m, ws, 2, {"a.txt": b"two\n"})
+            r = cli("--json", "unmount", ws, store=store, env=server.env)
+            assert r.returncode == 0, r.stderr
+            gone = [x for x in _json(r) if x["type"] == "unmounted"][0]
+            left = gone["push"]["remotes"][0]
+            assert left["remote"] == "origin" and left["unpushed_epochs"] > 0
+            assert left["last_error"]["code"] == "remote-unreachable"
+        # the local history is whole: both turns are points here
+        log = _json(cli("--json", "log", "-C", ws, store=store))
+        assert {x.get("turn") for x in log if x.get("kind") == "turn"} == {1, 2}
+        server.start()
+        r = cli("--json", "push", "-C", ws, store=store, env=server.env)
+        assert r.returncode == 0, r.stderr + r.stdout
+        st = [x for x in _json(cli("--json", "status", "-C", ws, store=store))
+              if x["type"] == "status"][0]
+        row = st["push"]["remotes"][0]
+        assert row["unpushed_epochs"] == 0
+        _restore_equals(tmp_path, server, row["workspace"], "t2", t2, "t2")
+    finally:
+        server.stop()
