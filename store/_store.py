@@ -526,7 +526,7 @@ class Store:
             _remotes.get(txn, self._db, name)
             last = _remotes.last_push(txn, self._db, name, ws)
             bound = _remotes.binding(txn, self._db, name, ws)
-            ids = [e.id for e in _epoch.all_of(txn, self._db, ws)]
+            ids = list(_epoch.ids_of(txn, self._db, ws))    # index keys only: cheap
         pushed = None if last is None else last[0]
         return {"workspace": bound, "head_epoch": max(ids, default=None), "pushed_epoch": pushed,
                 "pushed_ns": None if last is None else last[1],
