@@ -412,6 +412,8 @@ def _say_push(out, push) -> None:
 def push_text(r: dict, *, auto: bool) -> str:
     """One remote's push state for people (``status``, ``unmount``)."""
     name = escape(r["remote"]) + (" (auto)" if auto else "")
+    if r.get("removed"):
+        return f"remote {name}: removed from this store; nothing more is pushed to it"
     if r["pushed_epoch"] is None:
         what = f"never pushed ({r['unpushed_epochs']} epochs)"
     elif r["unpushed_epochs"]:

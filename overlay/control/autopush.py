@@ -221,11 +221,13 @@ class Pushers:
     def status(self) -> dict:
         """``{"auto": name or None, "remotes": [...]}``: for every configured remote,
         what is not pushed (``Store.push_state``), and for those with a pusher its
-        queue state."""
+        queue state; a pusher whose remote was removed meanwhile says ``removed``."""
         store, ws = self.host.store, self.host.ws
+        names = store.remotes()
         out = []
-        for name in sorted(store.remotes()):
-            row = {"remote": name, **store.push_state(name, ws)}
+        for name in sorted(set(names) | set(self._by_name)):
+            row = {"remote": name, **(store.push_state(name, ws) if name in names
+                                      else _REMOVED)}
             pusher = self._by_name.get(name)
             row.update(pusher.statistics() if pusher is not None else {"state": "idle"})
             out.append(row)
@@ -238,6 +240,19 @@ class Pushers:
         this daemon never pushed (nothing to say)."""
         if self.finished is not None or not self._by_name:
             return self.finished
+        try:
+            await self._last_attempts(bound)
+            self.finished = self.status()
+        except Exception:     # the unmount must go on whatever happened here
+            log.exception("the last pushes before unmount failed")
+            self.finished = {"auto": self.auto, "remotes": []}
+        for row in self.finished["remotes"]:
+            if row["remote"] in self._by_name and row["unpushed_epochs"]:
+                log.warning("unmounting with %d epoch(s) not pushed to %s",
+                            row["unpushed_epochs"], row["remote"])
+        return self.finished
+
+    async def _last_attempts(self, bound: float) -> None:
         deadline = time.monotonic() + bound
         for pusher in list(self._by_name.values()):
             pusher.closed, pusher.stop_at = True, deadline
@@ -247,12 +262,13 @@ class Pushers:
                         await pusher.push()
                     except RewindfsError as exc:
                         log.warning("last push to %s before unmount: %s", pusher.name, exc)
-        self.finished = self.status()
-        for row in self.finished["remotes"]:
-            if row["remote"] in self._by_name and row["unpushed_epochs"]:
-                log.warning("unmounting with %d epoch(s) not pushed to %s",
-                            row["unpushed_epochs"], row["remote"])
-        return self.finished
 
     def _unpushed(self, name: str) -> int:
+        if name not in self.host.store.remotes():
+            return 0
         return self.host.store.push_state(name, self.host.ws)["unpushed_epochs"]
+
+
+# a pusher's remote that was removed from the store while mounted
+_REMOVED = {"removed": True, "workspace": None, "head_epoch": None, "pushed_epoch": None,
+            "pushed_ns": None, "unpushed_epochs": 0}

@@ -247,3 +247,25 @@ def test_unmount_says_what_is_left_and_a_later_push_sends_it(tmp_path):
         _restore_equals(tmp_path, server, row["workspace"], "t2", t2, "t2")
     finally:
         server.stop()
+
+
+def test_a_remote_removed_while_mounted_is_said_and_unmount_goes_on(tmp_path):
+    """No server at all: the endpoint's port is closed from the start."""
+    ws, store = tmp_path / "ws", tmp_path / "store"
+    r = cli("remote", "add", "gone", "s3://b/p", "--endpoint", "http://127.0.0.1:9",
+            store=store)
+    assert r.returncode != 0          # the probe cannot reach it: nothing added
+    from rewindfs.store import Store
+    with Store.open(store) as s:      # added as an unreachable remote, the way a later
+        s.add_remote("gone", "s3://b/p", "http://127.0.0.1:9", None, False)  # outage looks
+    env = {"AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "y",
+           "REWINDFS_PUSH_RETRY_MAX_S": "0.5", "REWINDFS_PUSH_FINAL_S": "2"}
+    with mounted(ws, store, extra=["--auto"], env=env) as m:
+        _turn(m, ws, 1, {"a.txt": b"one\n"})
+        _until("the failure seen", lambda: _auto(m, "gone")["last_error"])
+        r = cli("remote", "remove", "gone", store=store)
+        assert r.returncode == 0, r.stderr
+        row = _auto(m, "gone")
+        assert row["removed"] is True and row["unpushed_epochs"] == 0
+        r = cli("status", "-C", ws, store=store)
+        assert "removed from this store" in r.stdout, r.stdout
