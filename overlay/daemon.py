@@ -33,6 +33,7 @@ from rewindfs.store._errors import RewindfsError
 
 from rewindfs.overlay import errors
 from rewindfs.overlay.control import server
+from rewindfs.overlay.control.autopush import Pushers, final_bound_s
 from rewindfs.overlay.control.handoff import Handoff
 from rewindfs.overlay.errors import AlreadyMounted, MountFailed, StaleMount
 from rewindfs.overlay.fs import session
@@ -64,7 +65,7 @@ class DaemonContext:
     rewind.
     """
 
-    def __init__(self, *, store, ws, root_fd, workspace_path, socket_path, fs):
+    def __init__(self, *, store, ws, root_fd, workspace_path, socket_path, fs, auto=None):
         self.store = store
         self.ws = ws
         self.root_fd = root_fd
@@ -77,6 +78,7 @@ class DaemonContext:
         self.unmount_pending = False
         self._real_dev = os.fstat(root_fd).st_dev
         self._handoff = None  # set by _run, once trio runs
+        self.pushers = Pushers(self, auto)   # mount --auto NAME: auto = NAME
 
     def _on_trio(self, fn, *args):
         if trio.lowlevel.in_trio_run():
@@ -237,7 +239,9 @@ async def _run(ctx, listener) -> None:
             nursery.start_soon(server.serve_control, ctx, listener)
             nursery.start_soon(_signals, ctx, sigs)
             nursery.start_soon(_sync_store, ctx)
+            nursery.start_soon(ctx.pushers.serve)
             await ctx.shutdown.wait()
+            await ctx.pushers.finish(final_bound_s())   # done already after `unmount`
             nursery.cancel_scope.cancel()
 
 
@@ -249,12 +253,15 @@ def _recover_intent(root_fd: int, store, ws: int) -> None:
 
 
 def serve_mount(dir_path, store_path=None, *, recover: bool = False, ready=None,
-                writeback: bool = False, session_kind: str | None = None) -> int:
+                writeback: bool = False, session_kind: str | None = None,
+                auto: str | None = None) -> int:
     """Mount the workspace and serve it until unmounted; returns 0 after a clean unmount.
 
     ``ready()`` is called once the mount is live (before the loop starts).  Errors before
     that raise ``RewindfsError`` subclasses and leave nothing mounted.  *session_kind*:
-    the FUSE session layer (``fs.session.choose``: ``kernel`` or ``libfuse``).
+    the FUSE session layer (``fs.session.choose``: ``kernel`` or ``libfuse``).  *auto*:
+    the remote pushed to in the background after every turn end (``mount --auto``;
+    checked before mounting: ``UnknownRemote``).
     """
     session_kind = session.choose(session_kind)
     raise_soft_limit()   # every fd cache takes a share of it: _fdbudget
@@ -273,21 +280,25 @@ def serve_mount(dir_path, store_path=None, *, recover: bool = False, ready=None,
     # directory stops the mount here
     ensure_runtime_dir(os.path.dirname(control_socket_path(store_path, real)))
     with Store.open(store_path) as store:
+        if auto is not None:
+            store.remote(auto)       # an unknown name: refused before anything is mounted
         ws = store.workspace(real)
         root_fd = os.open(real, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
             return _serve(store, ws, root_fd, real, store_path, ready, writeback,
-                          session_kind)
+                          session_kind, auto)
         finally:
             os.close(root_fd)
 
 
-def _preload(real: bytes) -> None:
+def _preload(real: bytes, auto=None) -> None:
     """Import now whatever might be imported later, and drop import paths inside the
     workspace: once mounted, an import that stats a path in our own mount from the trio
     thread (or before the kernel's INIT is answered) would wait on ourselves forever."""
     for name in ("encodings.idna", "rich.console", "rich.markup"):   # ours: imported above
         __import__(name)
+    if auto is not None:     # the pusher's S3 client, imported in a worker thread else
+        __import__("boto3")
     keep = []
     for entry in sys.path:
         full = os.path.realpath(os.fsencode(entry or os.getcwd()))
@@ -303,10 +314,11 @@ def writeback_default() -> bool:
     return os.environ.get("REWINDFS_WRITEBACK", "1") != "0"
 
 
-def _serve(store, ws, root_fd, real, store_path, ready, writeback, session_kind) -> int:
+def _serve(store, ws, root_fd, real, store_path, ready, writeback, session_kind,
+           auto=None) -> int:
     writeback = writeback or writeback_default()
     _recover_intent(root_fd, store, ws)
-    _preload(real)
+    _preload(real, auto)
     sock_path = control_socket_path(store_path, real)
     listener = server.bind_socket(sock_path, real)
     try:
@@ -321,7 +333,7 @@ def _serve(store, ws, root_fd, real, store_path, ready, writeback, session_kind)
             raise MountFailed(path=os.fsdecode(real), reason=str(exc)) from None
         try:
             ctx = DaemonContext(store=store, ws=ws, root_fd=root_fd, workspace_path=real,
-                                socket_path=sock_path, fs=fs)
+                                socket_path=sock_path, fs=fs, auto=auto)
             log.info("mounted %s (workspace %d, epoch %d, %s session)", os.fsdecode(real), ws,
                      fs.epoch_id, session_kind)
             if ready is not None:

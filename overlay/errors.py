@@ -190,6 +190,22 @@ class ContentTooLarge(RewindfsError):
     code = "content-too-large"
 
 
+# -- remotes: pushing from the daemon ------------------------------------------
+
+
+class RemoteUnnamed(RewindfsError):
+    """Name the remote: {reason}."""
+
+    code = "remote-unnamed"
+    exit_code = EXIT_USAGE
+
+
+class PushStopped(RewindfsError):
+    """The push to {remote} stopped: {reason}; what is not pushed stays in the local store (`rewindfs push` sends it)."""
+
+    code = "push-stopped"
+
+
 # -- the restore engine -------------------------------------------------------
 
 

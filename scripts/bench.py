@@ -905,12 +905,15 @@ def main(argv=None) -> int:
                          "the foreground until unmounted); repeatable")
     ap.add_argument("--no-topdir", action="store_true",
                     help="leave the work directory without chattr +T (see _mark_top_directory)")
-    ap.add_argument("--only", choices=["suite", "marks", "rewind", "rewind-small", "rewind-big",
-                                       "remote"],
+    ap.add_argument("--only", choices=["suite", "marks", "marks-auto", "rewind", "rewind-small",
+                                       "rewind-big", "remote"],
                     action="append", help="run one part; rewind-small: only the 10k-file "
                     "rewind; rewind-big: only the 1 GiB rewind/redo against cp (--reps times); "
+                    "marks-auto: turn marks plain and with mount --auto (--marks-files); "
                     "remote: push and restore against rclone copy to an S3 server on "
                     "loopback (scripts/bench_remote.py; ~3 min, so not in the default run)")
+    ap.add_argument("--marks-files", type=int, default=10000, metavar="N",
+                    help="marks-auto: the tree size (default 10000)")
     ap.add_argument("--workload", action="append", metavar="TEXT",
                     help="suite: run only the workloads whose name contains TEXT "
                          "(repeatable), e.g. --workload sqlite")
@@ -958,6 +961,11 @@ def main(argv=None) -> int:
         if "marks" in only:
             print("== turn mark latency")
             report["turn_marks"] = turn_marks(args, work, sizes)
+        if "marks-auto" in only:
+            print("== turn mark latency with mount --auto (background pushes)")
+            import bench_marks_auto
+            report["turn_marks_auto"] = bench_marks_auto.turn_marks_auto(
+                sys.modules[__name__], args, work, args.marks_files)
         if "rewind" in only:
             print("== rewind and store")
             report["rewind"] = rewinds(args, work, ctx["tarball"])

@@ -2,7 +2,9 @@
 
 Names, URLs, endpoints, regions and the probed conditional-write behaviour of each
 remote, the id this store signs its leases with, and which remote workspace id each
-local workspace pushes to.  Never a secret: credentials come from the AWS chain.
+local workspace pushes to, and what was last pushed there (so ``status`` can say what
+is not pushed yet without asking the remote).  Never a secret: credentials come from
+the AWS chain.
 """
 
 from __future__ import annotations
@@ -31,6 +33,10 @@ def _rkey(name: str) -> bytes:
 
 def _bkey(name: str, ws: int) -> bytes:
     return b"bind\0" + name.encode() + b"\0" + S.u32(ws)
+
+
+def _pkey(name: str, ws: int) -> bytes:
+    return b"pushed\0" + name.encode() + b"\0" + S.u32(ws)
 
 
 def store_id(txn, db) -> str:
@@ -81,7 +87,11 @@ def remove(txn, db, name: str) -> None:
     key = _rkey(name)
     if not txn.delete(key, db=db["remotes"]):
         raise UnknownRemote(remote=name)
-    prefix = b"bind\0" + name.encode() + b"\0"
+    for kind in (b"bind", b"pushed"):
+        _delete_prefix(txn, db, kind + b"\0" + name.encode() + b"\0")
+
+
+def _delete_prefix(txn, db, prefix: bytes) -> None:
     cur = txn.cursor(db=db["remotes"])
     doomed = []
     if cur.set_range(prefix):
@@ -107,3 +117,24 @@ def binding(txn, db, name: str, ws: int) -> str | None:
 def bind(txn, db, name: str, ws: int, remote_ws: str) -> None:
     key = _bkey(name, ws)
     txn.put(key, S.dump(key, remote_ws), db=db["remotes"])
+
+
+def record_push(txn, db, name: str, ws: int, epoch: int, pushed_ns: int) -> None:
+    """Remember that a push of ``ws`` to ``name`` carried every epoch up to ``epoch`` (the
+    newest epoch of the history it read, and the head captured just before)."""
+    get(txn, db, name)
+    key = _pkey(name, ws)
+    txn.put(key, S.dump(key, [epoch, pushed_ns]), db=db["remotes"])
+
+
+def last_push(txn, db, name: str, ws: int) -> tuple[int, int] | None:
+    """(epoch, pushed_ns) of the last successful push of ``ws`` to ``name``; None if
+    this store never pushed it there."""
+    key = _pkey(name, ws)
+    raw = txn.get(key, db=db["remotes"])
+    if raw is None:
+        return None
+    value = S.load("remotes", key, raw)
+    with S.decoding("remotes", key):
+        epoch, pushed_ns = value
+        return int(epoch), int(pushed_ns)

@@ -62,6 +62,9 @@ place when opened, see ``_upgrade``)::
                                                        added_ns]
                   b"bind\\0" + name + b"\\0" + ws u32
                                               -> str   the workspace's id on that remote
+                  b"pushed\\0" + name + b"\\0" + ws u32
+                                              -> [epoch, pushed_ns]  the newest epoch the
+                                                       last successful push carried
                   (added without a schema bump: an older program never opens it, and a
                   store without it gets it, empty, when opened)
 

@@ -522,6 +522,26 @@ class Store:
             _remotes.get(txn, self._db, name)
             _remotes.bind(txn, self._db, name, ws, remote_ws)
 
+    def record_push(self, name, ws, epoch: int, pushed_ns: int) -> None:
+        with self._w() as txn:
+            _remotes.record_push(txn, self._db, name, ws, epoch, pushed_ns)
+
+    def push_state(self, name, ws) -> dict:
+        """What is not pushed to ``name`` yet, from this store's own record (no remote
+        call): ``workspace`` (its id there, None before a push), ``head_epoch`` (the
+        newest local epoch), ``pushed_epoch`` and
+        ``pushed_ns`` of the last successful push (None before the first),
+        ``unpushed_epochs`` (local epochs newer than it).  One read transaction."""
+        with self._r() as txn:
+            _remotes.get(txn, self._db, name)
+            last = _remotes.last_push(txn, self._db, name, ws)
+            bound = _remotes.binding(txn, self._db, name, ws)
+            ids = list(_epoch.ids_of(txn, self._db, ws))    # index keys only: cheap
+        pushed = None if last is None else last[0]
+        return {"workspace": bound, "head_epoch": max(ids, default=None), "pushed_epoch": pushed,
+                "pushed_ns": None if last is None else last[1],
+                "unpushed_epochs": sum(1 for i in ids if pushed is None or i > pushed)}
+
     # -- maintenance --------------------------------------------------------------------
     def gc(self, *, grace_s: float = 3600, keep_epochs=None, max_age_s=None, max_bytes=None,
            drop_redo: bool = False):

@@ -29,7 +29,7 @@ from rewindfs.overlay.places import (check_mount_owner, check_place, check_works
                                      ensure_runtime_dir, is_inside, mount_users, open_log,
                                      resolve_store_path, rewindfs_mount_at)
 from rewindfs.overlay.errors import (AlreadyMounted, MountBusy, MountFailed, NotMounted,
-                                     StaleMount, UsageError)
+                                     RemoteUnnamed, StaleMount, UsageError)
 
 log = logging.getLogger(__name__)
 
@@ -69,9 +69,11 @@ def _log_path(store, real: bytes) -> bytes:
     return control_socket_path(store, real)[: -len(b".sock")] + b".log"
 
 
-def spawn_daemon(dir_path, store, *, recover: bool = False, session_kind=None) -> int:
+def spawn_daemon(dir_path, store, *, recover: bool = False, session_kind=None,
+                 auto=None) -> int:
     """Fork a daemon for *dir_path*; return its pid once it is mounted, or raise its
-    startup error.  *session_kind*: the FUSE session layer (None: the default)."""
+    startup error.  *session_kind*: the FUSE session layer (None: the default);
+    *auto*: the remote to push to after every turn end (``mount --auto``)."""
     if recover:   # a stale mount cannot be stat-ed: the daemon detaches it, then checks
         real = os.path.realpath(os.fsencode(dir_path))
         check_place(real, store)
@@ -84,7 +86,7 @@ def spawn_daemon(dir_path, store, *, recover: bool = False, session_kind=None) -
     pid = os.fork()
     if pid == 0:  # the daemon
         os.close(r)
-        os._exit(_daemon_child(dir_path, store, recover, w, log_fd, session_kind))
+        os._exit(_daemon_child(dir_path, store, recover, w, log_fd, session_kind, auto))
     os.close(w)
     os.close(log_fd)
     with os.fdopen(r, "rb") as pipe:
@@ -98,7 +100,7 @@ def spawn_daemon(dir_path, store, *, recover: bool = False, session_kind=None) -
     raise wire.error_from_dict(json.loads(line))
 
 
-def _daemon_child(dir_path, store, recover, w, log_fd, session_kind=None) -> int:
+def _daemon_child(dir_path, store, recover, w, log_fd, session_kind=None, auto=None) -> int:
     try:
         os.setsid()
         null = os.open(os.devnull, os.O_RDWR)
@@ -115,7 +117,7 @@ def _daemon_child(dir_path, store, recover, w, log_fd, session_kind=None) -> int
             os.close(w)
 
         return daemon.serve_mount(dir_path, store, recover=recover, ready=ready,
-                                  session_kind=session_kind)
+                                  session_kind=session_kind, auto=auto)
     except BaseException as exc:  # report to the waiting parent, never unwind into it
         logging.getLogger(__name__).exception("daemon failed")
         try:
@@ -125,7 +127,8 @@ def _daemon_child(dir_path, store, recover, w, log_fd, session_kind=None) -> int
         return exc.exit_code if isinstance(exc, RewindfsError) else 2
 
 
-def unmount_workspace(dir_path, store, *, lazy: bool = False) -> tuple[str, list]:
+def unmount_workspace(dir_path, store, *, lazy: bool = False,
+                      reply: dict | None = None) -> tuple[str, list]:
     """Unmount cleanly: ask the daemon (it ends its session and removes the mount), else
     ``fusermount3 -u``.  Returns ``(how it went, the processes left inside)``.
 
@@ -160,7 +163,9 @@ def unmount_workspace(dir_path, store, *, lazy: bool = False) -> tuple[str, list
     if users and not lazy:
         raise MountBusy(path=os.fsdecode(real), holders=", ".join(map(str, users)))
     try:
-        client.call(control_socket_path(store, real), "unmount", {}, timeout=30)
+        answer = client.call(control_socket_path(store, real), "unmount", {}, timeout=60)
+        if reply is not None:
+            reply.update(answer)
     except (OSError, RewindfsError) as exc:
         log.info("daemon did not answer (%s); using fusermount3 -u", exc)
         _fusermount(real, lazy)
@@ -196,6 +201,7 @@ def cmd_mount(args, out) -> int:
                  f"sees the bare directory and its writes bypass capture; re-enter it: "
                  f'cd "$PWD"')
     _say_pending_intent(store, real, out)
+    auto = _auto_remote(store, args.auto)   # refused here: nothing mounted
     if args.foreground:
         # Computed now: realpath() on the workspace once it is mounted would stat our
         # own mount from the daemon's thread before it serves, and hang.
@@ -206,12 +212,29 @@ def cmd_mount(args, out) -> int:
             out.say(f"mounted {escape(os.fsdecode(real))} (pid {os.getpid()})")
 
         return daemon.serve_mount(args.dir, store, recover=args.recover, ready=ready,
-                                   writeback=args.writeback, session_kind=args.session)
-    spawn_daemon(args.dir, store, recover=args.recover, session_kind=args.session)
+                                   writeback=args.writeback, session_kind=args.session,
+                                   auto=auto)
+    spawn_daemon(args.dir, store, recover=args.recover, session_kind=args.session, auto=auto)
     out.emit("mounted", workspace=os.fsdecode(real),
              socket=os.fsdecode(control_socket_path(store, real)))
     out.say(f"mounted {escape(os.fsdecode(real))}")
     return 0
+
+
+def _auto_remote(store_path, name) -> str | None:
+    """``--auto [NAME]``: NAME (known to the store), or the store's only remote; None
+    without ``--auto``.  ``unknown-remote`` / ``remote-unnamed`` (exit 3) otherwise."""
+    if name is None:
+        return None
+    from rewindfs.store import Store, StoreError
+    from rewindfs.overlay.rewind.remote import default_remote
+    try:
+        store = Store.open(store_path, create=False)
+    except StoreError:
+        raise RemoteUnnamed(reason="this store has no remote yet (rewindfs remote add "
+                            "NAME s3://BUCKET/PREFIX)") from None
+    with store:
+        return default_remote(store, name or None)
 
 
 def _say_pending_intent(store_path, real: bytes, out) -> None:
@@ -230,11 +253,18 @@ def _say_pending_intent(store_path, real: bytes, out) -> None:
 
 
 def cmd_unmount(args, out) -> int:
-    how, users = unmount_workspace(args.dir, resolve_store_path(args.store), lazy=args.lazy)
+    reply: dict = {}
+    how, users = unmount_workspace(args.dir, resolve_store_path(args.store), lazy=args.lazy,
+                                   reply=reply)
     real = os.fsdecode(os.path.realpath(os.fsencode(args.dir)))
     out.emit("unmounted", workspace=real, how=how,
-             left_inside=[{"pid": u.pid, "command": u.command, "how": u.how} for u in users])
+             left_inside=[{"pid": u.pid, "command": u.command, "how": u.how} for u in users],
+             **({"push": reply["push"]} if reply.get("push") else {}))
     out.say(how)
+    push = reply.get("push") or {}
+    for r in push.get("remotes", ()):
+        if r["remote"] == push.get("auto") and r["unpushed_epochs"]:
+            out.warn(push_text(r, auto=True) + " — `rewindfs push` sends the rest")
     if users:
         _warn_left_inside(out, real, users)
     return 0
@@ -325,7 +355,10 @@ def _offline_status(args) -> dict:
         return {"workspace": os.fsdecode(path), "store": str(store.path), "mounted": False,
                 "epoch": cur.id, "epoch_kind": cur.kind, "intent": bool(store.get_intent(ws)),
                 "usage": store.usage(ws),
-                "open_turn": None if turn is None else turn.as_point()}
+                "open_turn": None if turn is None else turn.as_point(),
+                "push": {"auto": None, "remotes": [
+                    {"remote": name, "state": "idle", **store.push_state(name, ws)}
+                    for name in sorted(store.remotes())]}}
 
 
 def cmd_status(args, out) -> int:
@@ -338,6 +371,7 @@ def cmd_status(args, out) -> int:
         out.say(f"[bold]{escape(res['workspace'])}[/] is not mounted; epoch e{res['epoch']} "
                 f"({res['epoch_kind']})")
         _say_usage(out, res.get("usage"))
+        _say_push(out, res.get("push"))
         if res.get("intent"):
             out.warn(INTENT_PENDING)
         return 0
@@ -350,6 +384,7 @@ def cmd_status(args, out) -> int:
         out.say(f"  store {escape(res['store'])}")
         out.say(f"  socket {escape(res['socket'])}")
         _say_usage(out, res.get("usage"))
+        _say_push(out, res.get("push"))
         if res.get("bypass_writes"):
             out.warn(f"processes {res['bypass_writes']['pids']} work in the bare directory "
                      f'under the mount; their writes are not captured (cd "$PWD")')
@@ -359,6 +394,42 @@ def cmd_status(args, out) -> int:
             out.say(f"  a rewind is running (epoch e{res['epoch']}); turn marks wait for it")
     _warn_all(out, res)
     return 0
+
+
+def _say_push(out, push) -> None:
+    """What is not pushed, per remote: the auto remote first, with its queue."""
+    if not push or out.json:
+        return
+    rows = sorted(push["remotes"], key=lambda r: r["remote"] != push.get("auto"))
+    for r in rows:
+        out.say("  " + push_text(r, auto=r["remote"] == push.get("auto")))
+        err = r.get("last_error")
+        if err:
+            out.warn(f"last push to {escape(r['remote'])} failed at {_clock(err['at_ns'])}: "
+                     f"{escape(err['message'])} ({err['code']})")
+
+
+def push_text(r: dict, *, auto: bool) -> str:
+    """One remote's push state for people (``status``, ``unmount``)."""
+    name = escape(r["remote"]) + (" (auto)" if auto else "")
+    if r.get("removed"):
+        return f"remote {name}: removed from this store; nothing more is pushed to it"
+    if r["pushed_epoch"] is None:
+        what = f"never pushed ({r['unpushed_epochs']} epochs)"
+    elif r["unpushed_epochs"]:
+        what = (f"{r['unpushed_epochs']} epoch(s) not pushed (local e{r['head_epoch']}, "
+                f"pushed up to e{r['pushed_epoch']} at {_clock(r['pushed_ns'])})")
+    else:
+        what = f"pushed up to e{r['pushed_epoch']} at {_clock(r['pushed_ns'])}"
+    state = r.get("state", "idle")
+    if state == "retrying" and r.get("retry_at_ns"):
+        state = f"waiting to retry at {_clock(r['retry_at_ns'])}"
+    queued = f", {r['queued']} queued" if r.get("queued") else ""
+    return f"remote {name}: {what}; {state}{queued}"
+
+
+def _clock(ns) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(ns / 1e9)) if ns else "?"
 
 
 def late_write_text(w: dict) -> str:
@@ -425,6 +496,9 @@ def register(sub) -> None:
     p.add_argument("--session", choices=SESSIONS, default=None,
                    help="the FUSE session layer: kernel (our own, faster) or libfuse "
                         "(pyfuse3); default: $REWINDFS_SESSION, else kernel")
+    p.add_argument("--auto", nargs="?", const="", default=None, metavar="NAME",
+                   help="push to remote NAME (default: the only one) in the background "
+                        "after every turn end (put it after DIR, or give NAME)")
     options.common(p)
     p.set_defaults(command="mount")
 

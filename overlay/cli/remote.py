@@ -14,38 +14,31 @@ file (``overlay.rewind.learn``): through the daemon when it is mounted
 from __future__ import annotations
 
 import os
-import secrets
 import time
 
 from rewindfs.store import Store
 from rewindfs.store.remote import (DEFAULT_GRACE_S, RemoteConfig, check_remote, gc_remote,
                                    open_backend, parse_url, probe_conditional,
-                                   push_workspace, read_workspace, workspace_ids)
+                                   read_workspace, workspace_ids)
 from rewindfs.store._errors import UnknownRemoteWorkspace
 
 from rewindfs.overlay.cli import options
 from rewindfs.overlay.control import client
 from rewindfs.overlay.cli.render import escape, human_bytes, parse_duration
 from rewindfs.overlay.errors import NotAWorkspace, StaleMount, UsageError
-from rewindfs.overlay.places import find_rewindfs_mount, find_socket, resolve_store_path
+from rewindfs.overlay.places import (control_socket_path, find_rewindfs_mount, find_socket,
+                                     resolve_store_path)
 from rewindfs.overlay.rewind import learn as tree_learn
 from rewindfs.overlay.rewind import remote as tree_remote
 
 __all__ = ["HANDLERS", "register"]
 
 
-_config = tree_remote.config_of
+_config = tree_remote.remote_config
 
 
 def _default_remote(store, name: str | None) -> str:
-    if name is not None:
-        return name
-    names = sorted(store.remotes())
-    if len(names) != 1:
-        raise UsageError("name the remote (rewindfs remote list shows "
-                         f"{len(names)} remotes)" if names else "no remote yet: "
-                         "rewindfs remote add NAME s3://BUCKET/PREFIX")
-    return names[0]
+    return tree_remote.default_remote(store, name)
 
 
 # -- remote add | list | remove | log -----------------------------------------------------
@@ -168,7 +161,7 @@ def cmd_push(args, out) -> int:
         code = 0
         for ws, root in _workspaces_to_push(store, args):
             report = _push_one(store, backend, config, ws, root, out)
-            code = max(code, 1 if report.unreadable else 0)
+            code = max(code, 1 if report["unreadable"] else 0)
     return code
 
 
@@ -189,26 +182,49 @@ def _workspaces_to_push(store, args) -> list[tuple[int, bytes]]:
 
 
 def _push_one(store, backend, config, ws: int, root: bytes, out):
-    ws_id = store.remote_binding(config.name, ws)
-    if ws_id is None:
-        ws_id = secrets.token_hex(6)
-        store.bind_remote(config.name, ws, ws_id)   # before the push: a retry resumes it
+    """A workspace mounted with ``--auto`` on this remote is pushed by its daemon
+    (``push`` on the socket): one push at a time per remote runs there, and this
+    process's own push would meet the daemon's lease.  Anything else is pushed here, with
+    this process's credentials (a daemon has those of the shell that mounted it)."""
+    done = _push_by_daemon(store, config.name, root, out)
+    if done is not None:
+        return _say_pushed(out, done)
     fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        head = tree_remote.capture_tree(fd, store)
+        with _Progress(out, f"push {os.fsdecode(root)}", "push") as bar:
+            report = tree_remote.push_tree(store, ws, fd, backend, config,
+                                           progress=bar.pushed)
     finally:
         os.close(fd)
+    return _say_pushed(out, tree_remote.done_record(config.name, root, report))
+
+
+def _push_by_daemon(store, name: str, root: bytes, out) -> dict | None:
+    """The daemon's ``push.done`` record, or None when no daemon serves ``root`` with
+    ``--auto`` on remote ``name``."""
+    sock = control_socket_path(store.path, root)
+    try:
+        if client.call(sock, "status", {}).get("push", {}).get("auto") != name:
+            return None
+    except (ConnectionRefusedError, FileNotFoundError):
+        return None
     with _Progress(out, f"push {os.fsdecode(root)}", "push") as bar:
-        report = push_workspace(store, ws, backend, config, ws_id, head, progress=bar.pushed)
-    out.emit("push.done", remote=config.name, root=os.fsdecode(root), **report.as_dict())
-    out.say(f"pushed {os.fsdecode(root)} to {config.name} as workspace {ws_id}: "
-            f"{report.objects} objects, {human_bytes(report.bytes)}, {report.epochs} epoch "
-            f"records, {report.entries} pre-images"
-            + ("" if report.objects else " (nothing new)"))
-    for key in report.unreadable:
+        def event(ev: dict) -> None:
+            if ev.get("type") == "push.progress":
+                bar._show(ev["objects"], ev["bytes"], ev["blobs_done"], ev["blobs_total"])
+        return client.call(sock, "push", {"remote": name, "wait": True}, on_event=event)
+
+
+def _say_pushed(out, done: dict) -> dict:
+    out.emit("push.done", **done)
+    out.say(f"pushed {done['root']} to {done['remote']} as workspace {done['workspace']}: "
+            f"{done['objects']} objects, {human_bytes(done['bytes'])}, {done['epochs']} epoch "
+            f"records, {done['entries']} pre-images"
+            + ("" if done["objects"] else " (nothing new)"))
+    for key in done["unreadable"]:
         out.warn(f"blob {key} is damaged in the local store and was not pushed "
                  "(`rewindfs fsck` names the paths)")
-    return report
+    return done
 
 
 class _Progress:

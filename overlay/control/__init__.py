@@ -6,6 +6,8 @@
 - ``client``          the blocking client the CLI uses (``call``)
 - ``methods``         the method table and ``dispatch``: turn marks, status, points, fork
 - ``rewind_methods``  rewind, redo, diff, show and gc (run in a worker thread)
+- ``remote_methods``  ``push`` (now, streamed, or queued)
+- ``autopush``        the background pushers of ``mount --auto`` and ``push``
 - ``server``          the listening socket: bind 0600, peer uid, line framing, overload
 - ``handoff``         batches items from a worker thread to the trio thread
 """

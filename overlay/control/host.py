@@ -59,6 +59,7 @@ class DaemonHost(RewindHost, Protocol):
     workspace_path: bytes
     socket_path: bytes
     fs: object            # fs.ops.RewindOperations (not imported: control stays light)
+    pushers: object       # control.autopush.Pushers (the background pushes)
 
     async def flush_writes(self) -> None: ...
 

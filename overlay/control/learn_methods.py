@@ -22,13 +22,13 @@ from rewindfs.store.remote import open_backend
 from rewindfs.overlay.control.host import DaemonHost
 from rewindfs.overlay.control.wire import opt_str, req_str
 from rewindfs.overlay.rewind import learn
-from rewindfs.overlay.rewind.remote import config_of
+from rewindfs.overlay.rewind.remote import remote_config
 
 __all__ = ["METHODS"]
 
 
 def _download(ctx: DaemonHost, name: str, workspace, session):
-    config = config_of(ctx.store, name)
+    config = remote_config(ctx.store, name)
     backend = open_backend(config)
     lineage = ctx.store.session_lineage(session) if session else ()
     pushed = learn.find_pushed(backend, config, workspace=workspace, session=session,
@@ -40,7 +40,7 @@ async def remote_learn(ctx: DaemonHost, params: dict, emit) -> dict:
     name = req_str(params, "remote", "remote.learn")
     session = opt_str(params, "session", "remote.learn")
     workspace = opt_str(params, "workspace", "remote.learn")
-    config_of(ctx.store, name)                       # an unknown remote: refused here
+    remote_config(ctx.store, name)                       # an unknown remote: refused here
     learn.check_learnable(ctx.store, ctx.ws, ctx.workspace_path)
     pushed, problems = await trio.to_thread.run_sync(_download, ctx, name, workspace,
                                                      session)

@@ -22,7 +22,8 @@ import trio
 
 from rewindfs.store._errors import InternalError, RewindfsError
 
-from rewindfs.overlay.control import history
+from rewindfs.overlay.control import history, remote_methods
+from rewindfs.overlay.control.autopush import final_bound_s
 from rewindfs.overlay.control.host import DaemonHost
 from rewindfs.overlay.control.learn_methods import METHODS as LEARN_METHODS
 from rewindfs.overlay.control.rewind_methods import METHODS
@@ -75,6 +76,7 @@ async def turn_end(ctx: DaemonHost, params: dict, emit) -> dict:
         before = ctx.store.current_epoch(ctx.ws).id
         epoch = ctx.store.end_turn(ctx.ws, session, flush=False)
         ctx.fs.set_epoch(epoch.id)
+    ctx.pushers.turn_ended()    # mount --auto: queued, never waited for
     # ended: False when no turn was open (the current epoch is returned unchanged)
     return {"epoch": epoch.id, "ended": epoch.id != before}
 
@@ -100,6 +102,7 @@ async def status(ctx: DaemonHost, params: dict, emit) -> dict:
     intent = ctx.store.get_intent(ctx.ws)
     if intent:
         out["intent"] = True
+    out["push"] = ctx.pushers.status()
     if params.get("usage") is True:   # on request (rewindfs status): a pass over the
         # epochs and a stat per blob file — off the FUSE thread
         out["usage"] = await trio.to_thread.run_sync(ctx.store.usage, ctx.ws)
@@ -120,8 +123,10 @@ async def fork(ctx: DaemonHost, params: dict, emit) -> dict:
 
 
 async def unmount(ctx: DaemonHost, params: dict, emit) -> dict:
+    # the last background push first (bounded), so the reply can say what is left
+    left = await ctx.pushers.finish(final_bound_s())
     ctx.request_unmount()  # takes effect after this reply is sent
-    return {}
+    return {"push": left} if left else {}
 
 
 TABLE = {
@@ -135,6 +140,7 @@ TABLE = {
 TABLE.update(METHODS)
 TABLE.update(history.METHODS)
 TABLE.update(LEARN_METHODS)
+TABLE.update(remote_methods.METHODS)
 
 
 

@@ -5,6 +5,10 @@ land a pushed point onto a new directory.
   a rewind's temp names left out, DESIGN invariant 7) as a ``PreImage``, file contents
   put into the store.  A push takes it *before* it reads the history, so every change
   the tree shows has its pre-image in what is pushed (write-ahead order).
+- ``push_tree``: capture, then push (``store.remote.push_workspace``), then remember in
+  the store what was pushed (``Store.record_push``, what ``status`` compares with).  The
+  CLI runs it on an unmounted workspace, the daemon in a worker thread (its root fd:
+  never through the mount; ``control.autopush``).
 - ``restore``: ``DIR`` (absent or empty) becomes the tree at the point.  The history is
   imported into the local store for ``DIR`` (``Store.import_history``): the pushed
   epochs, then an ``idle`` epoch whose pre-images are the pushed tree — ``DIR`` starts
@@ -21,30 +25,92 @@ land a pushed point onto a new directory.
 from __future__ import annotations
 
 import os
+import secrets
+import time
 from dataclasses import dataclass, field
 
 from rewindfs.store._errors import RestoreTargetInUse, UnknownRemoteWorkspace
-from rewindfs.store.remote import RemoteConfig, fetch_blobs, read_workspace, wanted_blobs
+from rewindfs.store.remote import (RemoteConfig, fetch_blobs, push_workspace, read_workspace,
+                                   wanted_blobs)
 
 from rewindfs.overlay.capture import snapshot, subtree
+from rewindfs.overlay.errors import RemoteUnnamed
 from rewindfs.overlay.rewind.engine import apply_plan, plan_rewind
 from rewindfs.overlay.rewind.land import set_meta_fd
 from rewindfs.overlay.tree.ignore import IgnoreRules
 
-__all__ = ["Pushed", "RemoteRestore", "capture_tree", "config_of", "read_pushed", "restore"]
+__all__ = ["Pushed", "RemoteRestore", "capture_tree", "default_remote", "done_record",
+           "push_tree", "read_pushed", "remote_config", "restore"]
 
 
-def capture_tree(root_fd: int, store) -> list:
-    """[(path, PreImage)] of the whole workspace under ``root_fd``, in walk order."""
-    rules = IgnoreRules.load(root_fd)
+def remote_config(store, name: str) -> RemoteConfig:
+    """The configuration of remote ``name`` (``UnknownRemote``)."""
+    url, endpoint, region, conditional, _added = store.remote(name)
+    return RemoteConfig(name, url, endpoint, region, conditional)
+
+
+def default_remote(store, name: str | None) -> str:
+    """``name`` if given (checked: ``UnknownRemote``), else the only remote of the store;
+    ``RemoteUnnamed`` when there are none or several."""
+    if name is not None:
+        store.remote(name)
+        return name
+    names = sorted(store.remotes())
+    if len(names) != 1:
+        raise RemoteUnnamed(reason=f"this store has {len(names)} remotes ({', '.join(names)})"
+                            if names else "this store has no remote yet (rewindfs remote "
+                            "add NAME s3://BUCKET/PREFIX)")
+    return names[0]
+
+
+def done_record(remote: str, root: bytes, report) -> dict:
+    """The ``push.done`` record: ``rewindfs push --json`` and the daemon's ``push``."""
+    return {"remote": remote, "root": os.fsdecode(root), **report.as_dict()}
+
+
+def capture_tree(root_fd: int, store, *, rules=None, check=None) -> list:
+    """[(path, PreImage)] of the whole workspace under ``root_fd``, in walk order.
+    ``rules``: the ignore rules to capture by (default: the workspace's file);
+    ``check()`` is called before each path (it may raise to stop the walk)."""
+    rules = IgnoreRules.load(root_fd) if rules is None else rules
     out = []
     for path, is_dir in subtree(root_fd, b"", True):
+        if check is not None:
+            check()
         if path and rules.ignored(path, is_dir):
             continue
         img = snapshot(root_fd, path, store)
         if img.exists:
             out.append((path, img))
     return out
+
+
+def push_tree(store, ws: int, root_fd: int, backend, config, *, rules=None,
+              progress=None, check=None):
+    """Capture the tree under ``root_fd``, push workspace ``ws`` to ``config.name``,
+    record the push in the store; the ``PushReport``.  The head is captured *before*
+    ``push_workspace`` reads the history, and only epochs that began before the walk
+    are pushed (docs/remote.md "Consistency"): the tree may change while it is walked.  The workspace
+    is bound to a remote workspace id before anything is sent, so a retry resumes it."""
+    ws_id = store.remote_binding(config.name, ws)
+    if ws_id is None:
+        ws_id = secrets.token_hex(6)
+        store.bind_remote(config.name, ws, ws_id)
+    # the epoch current as the walk begins bounds what this head can vouch for
+    upto = store.current_epoch(ws).id
+    head = capture_tree(root_fd, store, rules=rules, check=check)
+
+    def objects(report, done, total):
+        if check is not None:
+            check()
+        if progress is not None:
+            progress(report, done, total)
+
+    report = push_workspace(store, ws, backend, config, ws_id, head, progress=objects,
+                            upto=upto)
+    if report.last_epoch is not None:
+        store.record_push(config.name, ws, report.last_epoch, time.time_ns())
+    return report
 
 
 @dataclass
@@ -86,12 +152,6 @@ class Pushed:
     def name_problems(self, problems, offset: int, head_epoch: int) -> list[dict]:
         return [_name_problem(p, self.history, self.head, offset, head_epoch)
                 for p in problems]
-
-
-def config_of(store, name: str) -> RemoteConfig:
-    """The remote ``name`` as this store knows it; ``UnknownRemote``."""
-    url, endpoint, region, conditional, _added = store.remote(name)
-    return RemoteConfig(name, url, endpoint, region, conditional)
 
 
 def read_pushed(backend, config, ws_id: str) -> Pushed:

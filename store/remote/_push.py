@@ -8,6 +8,10 @@ Contract:
 - Reads the remote's segments, then the local history in one read transaction
   (``Store.export_history``) — *after* the caller captured the tree (``head``), so
   every change the head shows has its pre-image in what is pushed (write-ahead).
+- ``upto``: the epoch that was current when the capture *began*.  Only epochs up to it
+  are pushed: a point that began during the walk cannot be rebuilt from this head (a
+  path read before the point began may have changed since in an earlier epoch, whose
+  pre-image says nothing about the point); the next push carries it, with its head.
 - Uploads, in batches, every blob the new journal entries and the head reference that
   the remote's blob table lacks: small ones packed (``_objects.PackWriter``), large
   ones as their own objects (skipped when the object already exists).  After each
@@ -52,6 +56,7 @@ class PushReport:
     epochs: int = 0
     entries: int = 0
     head: bool = False
+    last_epoch: int | None = None       # the newest epoch of the history pushed
     unreadable: list = field(default_factory=list)   # local blob keys (hex)
 
     def as_dict(self) -> dict:
@@ -60,7 +65,7 @@ class PushReport:
 
 def push_workspace(store, ws: int, backend, config, ws_id: str, head, *,
                    progress=None, batch_bytes: int = BATCH_BYTES,
-                   lease_ttl_s: float = TTL_S) -> PushReport:
+                   lease_ttl_s: float = TTL_S, upto: int | None = None) -> PushReport:
     """Push workspace ``ws`` as ``ws_id``; ``head`` = [(path, PreImage)], the tree as
     the caller captured it just before.  ``progress(report, done_blobs, total_blobs)``
     after each object."""
@@ -69,7 +74,7 @@ def push_workspace(store, ws: int, backend, config, ws_id: str, head, *,
     with lease, lease.keep_alive():
         refuse_if_gc_running(lease)      # after our lease is written: docs/remote.md
         remote = read_workspace(backend, ws_id)
-        hist = store.export_history(ws)
+        hist = _upto(store.export_history(ws), upto)
         _check_extends(remote, hist, config.name, ws_id)
         run = _Run(store, backend, ws_id, remote, lease, progress, batch_bytes)
         run.root = store_root(store, ws)
@@ -92,9 +97,20 @@ def push_workspace(store, ws: int, backend, config, ws_id: str, head, *,
         }
         run.report.epochs, run.report.entries = len(final["epochs"]), len(entries)
         run.report.head = new_head
+        run.report.last_epoch = max((e.id for e in hist.epochs), default=None)
         if run.pending or any(v for v in final.values()):
             run.write_segment(**final)
         return run.report
+
+
+def _upto(hist, upto: int | None):
+    """``hist`` without the epochs after ``upto`` (their journal entries and turns)."""
+    if upto is None:
+        return hist
+    hist.epochs = [e for e in hist.epochs if e.id <= upto]
+    hist.journal = [j for j in hist.journal if j[0] <= upto]
+    hist.turns = [t for t in hist.turns if t[2] <= upto]
+    return hist
 
 
 def store_root(store, ws: int) -> str:

@@ -761,3 +761,20 @@ async def test_redo_state_says_what_a_redo_would_undo_without_planning(d):
     assert state["can_redo"] is False and state["rewind"] == done["epoch"]
     assert [p["kind"] for p in state["stale"]] == ["idle"] and "changed" in state["reason"]
     await d.refused("redo.state", "bad-params", session=7)
+
+
+async def test_push_refuses_what_names_no_single_remote_and_bad_params(d):
+    """``push``: no remote, an unknown one, several with none named, a bad ``wait`` or
+    ``remote`` — each refused with its code before anything is queued or sent (no
+    server: nothing here reaches the network)."""
+    await d.refused("push", "remote-unnamed", wait=False)
+    d.store.add_remote("one", "s3://b/p", "http://127.0.0.1:9", None, False)
+    await d.refused("push", "unknown-remote", remote="nope", wait=False)
+    await d.refused("push", "bad-params", remote="one", wait="yes")
+    await d.refused("push", "bad-params", remote=7)
+    d.store.add_remote("two", "s3://b/q", "http://127.0.0.1:9", None, False)
+    await d.refused("push", "remote-unnamed")
+    status = await d.call("status")
+    assert status["push"]["auto"] is None
+    assert [(r["remote"], r["pushed_epoch"], r["state"]) for r in status["push"]["remotes"]] \
+        == [("one", None, "idle"), ("two", None, "idle")]
