@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 import pytest
 from mountkit import cli, mounted
@@ -176,3 +177,39 @@ def test_a_fork_made_on_the_new_machine_rewinds_into_its_parents_pushed_points(t
             assert compare(points[2], snapshot(ws)) == []
             rw.redo(session="s1-on-b")
             assert compare(before, snapshot(ws)) == []
+
+
+def _row(m, name):
+    return next(r for r in m.call("status")["push"]["remotes"] if r["remote"] == name)
+
+
+def test_the_api_naming_a_remote_pushes_every_turn_and_another_machine_rewinds_into_it(
+        tmp_path, server):
+    """No ``rewindfs push`` and no ``mount --auto`` on A: ``remote="origin"`` makes each
+    turn's end queue a push in A's daemon (``push``, ``wait: false``), with the
+    credentials of the shell that mounted.  B then rewinds into A's turn 2."""
+    ws, store = tmp_path / "a-ws", tmp_path / "a-home" / "store"
+    store.parent.mkdir()
+    points = {}
+    with mounted(ws, store, env=server.env) as m:
+        _add_origin(server, store)
+        with Rewindfs.for_directory(ws, store=store, strict=True, remote="origin") as rw:
+            for turn in (1, 2):
+                with rw.turn("s1", turn, f"turn {turn}") as mark:
+                    points[turn] = snapshot(ws)
+                    (ws / f"t{turn}.txt").write_bytes(b"x" * turn)
+                assert mark.push_error is None
+        deadline = time.monotonic() + 120
+        while _row(m, "origin")["unpushed_epochs"] or _row(m, "origin")["state"] != "idle":
+            assert time.monotonic() < deadline, _row(m, "origin")
+            time.sleep(0.05)
+        assert _row(m, "origin")["pushes"] >= 1 and _row(m, "origin")["failures"] == 0
+    b_ws, b_store = tmp_path / "b-ws", tmp_path / "b-home" / "store"
+    b_ws.mkdir()
+    b_store.parent.mkdir()
+    _add_origin(server, b_store)
+    with mounted(b_ws, b_store, env=server.env):
+        with Rewindfs.for_directory(b_ws, store=b_store, strict=True, remote="origin") as rw:
+            res = rw.rewind(2, session="s1")
+            assert res.learned is not None
+            assert compare(points[2], snapshot(b_ws)) == []
