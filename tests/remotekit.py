@@ -8,7 +8,8 @@ directory brings the same objects back.  ``env`` holds the credentials the serve
 accepts, for ``monkeypatch`` or a subprocess's environment.
 
 ``build_history`` makes a history with every kind of epoch and file (recording the tree
-at the start of each epoch); ``cli`` runs ``rewindfs --json`` in this process.
+at the start of each epoch); ``cli`` runs ``rewindfs --json`` in this process,
+``add_origin`` and ``push_done`` the two commands most tests start with.
 """
 
 from __future__ import annotations
@@ -41,6 +42,20 @@ def cli(capsys, *argv) -> tuple[int, list[dict]]:
     code = main(["--json", *map(str, argv)])
     out = capsys.readouterr().out
     return code, [json.loads(line) for line in out.splitlines() if line.strip()]
+
+
+def add_origin(capsys, store, s3) -> None:
+    """``rewindfs remote add origin`` for *store*, pointing at the server *s3*."""
+    code, recs = cli(capsys, "--store", store, "remote", "add", "origin", s3.url(),
+                     "--endpoint", s3.endpoint)
+    assert code == 0, recs
+
+
+def push_done(capsys, store, root) -> dict:
+    """``rewindfs push -C root``, which must succeed: its ``push.done`` record."""
+    code, recs = cli(capsys, "--store", store, "push", "-C", root)
+    assert code == 0, recs
+    return [r for r in recs if r["type"] == "push.done"][0]
 
 
 def build_history(h, expected: dict) -> None:

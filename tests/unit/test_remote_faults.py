@@ -7,7 +7,8 @@ from __future__ import annotations
 import os
 
 import pytest
-from remotekit import build_history, cli, new_dir, s3  # noqa: F401  (s3: the fixture)
+from remotekit import (add_origin, build_history, cli, new_dir, push_done,  # noqa: F401
+                       s3)  # s3: the fixture
 from restorekit import History, open_history
 from treesnap import compare, exact
 
@@ -19,21 +20,9 @@ from rewindfs.store.remote import (Lease, RemoteConfig, open_backend, push_works
 from rewindfs.store.remote._objects import blob_name
 
 
-def _add_remote(capsys, store, s3):
-    code, recs = cli(capsys, "--store", store, "remote", "add", "origin", s3.url(),
-                     "--endpoint", s3.endpoint)
-    assert code == 0, recs
-
-
-def _push(capsys, store, root) -> dict:
-    code, recs = cli(capsys, "--store", store, "push", "-C", root)
-    assert code == 0, recs
-    return [r for r in recs if r["type"] == "push.done"][0]
-
-
 def _restore(capsys, tmp_path, s3, ws_id, point, name="m", *extra):
     m = new_dir(tmp_path / name)
-    _add_remote(capsys, m / "store", s3)
+    add_origin(capsys, m / "store", s3)
     code, recs = cli(capsys, "--store", m / "store", "restore", "--from", "origin",
                      "--workspace", ws_id, "--point", point, m / "dir", *extra)
     return m, code, recs
@@ -46,7 +35,7 @@ def test_a_push_cut_by_the_server_dying_resumes_and_references_nothing_missing(
         for i in range(40):                       # enough small blobs for several batches
             h.write(b"f%02d" % i, os.urandom(40_000))
         build_history(h, expected)
-        _add_remote(capsys, h.store.path, s3)
+        add_origin(capsys, h.store.path, s3)
         config = RemoteConfig("origin", *h.store.remote("origin")[:4])
         backend = open_backend(config)
         ws_id = "cut-push"
@@ -65,7 +54,7 @@ def test_a_push_cut_by_the_server_dying_resumes_and_references_nothing_missing(
         s3.start()
         partial = read_workspace(backend, ws_id)
         assert partial.blobs and not partial.epochs      # blob segments only, no index
-        done = _push(capsys, h.store.path, h.root.decode())
+        done = push_done(capsys, h.store.path, h.root.decode())
         # resumed: what the first attempt listed in its segments was not sent again
         state = read_workspace(backend, ws_id)
         assert done["blobs"] == len(state.blobs) - len(partial.blobs) > 0
@@ -91,8 +80,8 @@ def _pushed(capsys, tmp_path, s3):
     expected: dict = {}
     with open_history(new_dir(tmp_path / "a")) as h:
         build_history(h, expected)
-        _add_remote(capsys, h.store.path, s3)
-        done = _push(capsys, h.store.path, h.root.decode())
+        add_origin(capsys, h.store.path, s3)
+        done = push_done(capsys, h.store.path, h.root.decode())
         expected["head"] = exact(h.root)
         return expected, done["workspace"], h.store.path, h.root.decode()
 
@@ -155,7 +144,7 @@ def test_a_second_machine_pushing_the_same_workspace_is_refused_by_the_lease(
         err = [r for r in recs if r["type"] == "error"][0]
         assert err["code"] == "lease-held" and a_id in err["message"], err
     # once a is done, b may push: its history extends the remote's
-    done = _push(capsys, m / "store", m / "dir")
+    done = push_done(capsys, m / "store", m / "dir")
     assert done["objects"] > 0
     # and a, which never saw b's epochs, is refused instead of forking the history
     code, recs = cli(capsys, "--store", store_a, "push", "-C", root_a)
@@ -184,7 +173,7 @@ def test_restore_refuses_a_non_empty_directory_and_an_unknown_workspace(s3, tmp_
     _expected, ws_id, _store, _root = _pushed(capsys, tmp_path, s3)
     d = new_dir(tmp_path / "busy")
     (d / "x").write_bytes(b"x")
-    _add_remote(capsys, tmp_path / "s2", s3)
+    add_origin(capsys, tmp_path / "s2", s3)
     code, recs = cli(capsys, "--store", tmp_path / "s2", "restore", "--from", "origin",
                      "--workspace", ws_id, "--point", "t1", d)
     assert code == 3 and recs[-1]["code"] == "restore-target-in-use"

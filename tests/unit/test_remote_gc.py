@@ -9,7 +9,8 @@ from __future__ import annotations
 import os
 
 import pytest
-from remotekit import build_history, cli, new_dir, s3  # noqa: F401  (s3: the fixture)
+from remotekit import (add_origin, build_history, cli, new_dir, push_done,  # noqa: F401
+                       s3)  # s3: the fixture
 from restorekit import open_history
 from store_fixtures import assert_sound
 from treesnap import compare, exact
@@ -22,18 +23,6 @@ from rewindfs.store.remote import (DirBackend, GcLock, Lease, RemoteConfig, gc_r
                                    open_backend, push_workspace)
 from rewindfs.store.remote._gc import refuse_if_gc_running, refuse_if_pushing
 from rewindfs.store.remote._objects import pack_name, sha256
-
-
-def _add_remote(capsys, store, s3):
-    code, recs = cli(capsys, "--store", store, "remote", "add", "origin", s3.url(),
-                     "--endpoint", s3.endpoint)
-    assert code == 0, recs
-
-
-def _push(capsys, store, root) -> dict:
-    code, recs = cli(capsys, "--store", store, "push", "-C", root)
-    assert code == 0, recs
-    return [r for r in recs if r["type"] == "push.done"][0]
 
 
 def _backend(store):
@@ -66,8 +55,8 @@ def test_orphans_of_a_killed_push_go_after_the_grace_and_every_point_still_resto
     with open_history(new_dir(tmp_path / "a")) as h:
         build_history(h, expected)
         store, root = h.store.path, h.root.decode()
-        _add_remote(capsys, store, s3)
-        ws_id = _push(capsys, store, root)["workspace"]
+        add_origin(capsys, store, s3)
+        ws_id = push_done(capsys, store, root)["workspace"]
         backend = _backend(store)
         # a second push of new work dies once two of its objects are up
         h.turn(4)
@@ -119,7 +108,7 @@ def test_orphans_of_a_killed_push_go_after_the_grace_and_every_point_still_resto
 
     for eid, tree in sorted(expected.items()):
         fresh = new_dir(tmp_path / f"m{eid}")
-        _add_remote(capsys, fresh / "store", s3)
+        add_origin(capsys, fresh / "store", s3)
         code, recs = cli(capsys, "--store", fresh / "store", "restore", "--from", "origin",
                          "--workspace", ws_id, "--point", f"e{eid}", fresh / "dir")
         assert code == 0, recs
@@ -134,8 +123,8 @@ def _pushed(capsys, tmp_path, s3):
         h.write(b"a.txt", b"one\n")
         h.write(b"big.bin", os.urandom(1_100_000))
         h.end_turn()
-        _add_remote(capsys, h.store.path, s3)
-        done = _push(capsys, h.store.path, h.root.decode())
+        add_origin(capsys, h.store.path, s3)
+        done = push_done(capsys, h.store.path, h.root.decode())
         return h.store.path, h.root.decode(), done["workspace"]
 
 
@@ -167,7 +156,7 @@ def test_a_push_while_gc_holds_its_lock_is_refused_and_writes_nothing(s3, tmp_pa
         err = _error(recs)
         assert err["code"] == "remote-gc-running" and "gc-elsewhere" in err["message"], err
         assert _keys(backend) == before
-    done = _push(capsys, store, root)                    # gc is done: the push runs
+    done = push_done(capsys, store, root)                    # gc is done: the push runs
     assert done["objects"] > 0
 
 

@@ -13,7 +13,8 @@ from __future__ import annotations
 import os
 
 import pytest
-from remotekit import build_history, cli, new_dir, s3  # noqa: F401  (s3: the fixture)
+from remotekit import (add_origin, build_history, cli, new_dir, push_done,  # noqa: F401
+                       s3)  # s3: the fixture
 from restorekit import open_history
 from store_fixtures import assert_sound
 from treesnap import compare, exact
@@ -29,11 +30,8 @@ def pushed(s3, tmp_path, capsys):
     with open_history(new_dir(tmp_path / "a")) as h:
         build_history(h, expected)
         store_a = str(h.store.path)
-        cli(capsys, "--store", store_a, "remote", "add", "origin", s3.url(),
-            "--endpoint", s3.endpoint)
-        code, recs = cli(capsys, "--store", store_a, "push", "-C", h.root.decode())
-        assert code == 0, recs
-        ws_id = [r for r in recs if r["type"] == "push.done"][0]["workspace"]
+        add_origin(capsys, store_a, s3)
+        ws_id = push_done(capsys, store_a, h.root.decode())["workspace"]
         a_txt = (tmp_path / "a" / "ws" / "a.txt").read_bytes()
     return expected, ws_id, a_txt
 
@@ -45,9 +43,7 @@ def _machine_b(tmp_path, capsys, s3, a_txt: bytes):
     (b / "dir" / "tail.txt").write_bytes(b"B's own version\n")  # A has another
     (b / "dir" / "b-only").mkdir()
     (b / "dir" / "b-only" / "mine.txt").write_bytes(b"only on B\n")
-    code, _ = cli(capsys, "--store", b / "store", "remote", "add", "origin", s3.url(),
-                  "--endpoint", s3.endpoint)
-    assert code == 0
+    add_origin(capsys, b / "store", s3)
     return b
 
 
@@ -112,8 +108,7 @@ def test_a_workspace_with_history_here_is_refused(pushed, s3, tmp_path, capsys):
         h.write(b"local.txt", b"made here\n")
         h.end_turn()
         store_c = str(h.store.path)
-        cli(capsys, "--store", store_c, "remote", "add", "origin", s3.url(),
-            "--endpoint", s3.endpoint)
+        add_origin(capsys, store_c, s3)
         epochs = h.store.epochs(h.ws)
         before = exact(h.root)
         code, recs = cli(capsys, "--store", store_c, "remote", "learn", "origin",
@@ -151,11 +146,8 @@ def test_a_session_in_several_remote_workspaces_is_ambiguous_until_one_is_named(
         h.write(b"other.txt", b"another checkout\n")
         h.end_turn()
         store_a2 = str(h.store.path)
-        cli(capsys, "--store", store_a2, "remote", "add", "origin", s3.url(),
-            "--endpoint", s3.endpoint)
-        code, recs = cli(capsys, "--store", store_a2, "push", "-C", h.root.decode())
-        assert code == 0, recs
-        other_id = [r for r in recs if r["type"] == "push.done"][0]["workspace"]
+        add_origin(capsys, store_a2, s3)
+        other_id = push_done(capsys, store_a2, h.root.decode())["workspace"]
     b = _machine_b(tmp_path, capsys, s3, a_txt)
     before = exact(b / "dir")
     code, recs = cli(capsys, "--store", b / "store", "remote", "learn", "origin",

@@ -11,7 +11,8 @@ symlinks, xattrs, device numbers, link structure).
 
 from __future__ import annotations
 
-from remotekit import build_history, cli, new_dir, s3  # noqa: F401  (s3: the fixture)
+from remotekit import (add_origin, build_history, cli, new_dir, push_done,  # noqa: F401
+                       s3)  # s3: the fixture
 from restorekit import open_history
 from store_fixtures import assert_sound
 from treesnap import compare, exact
@@ -25,9 +26,7 @@ def test_every_point_restores_byte_exact_on_a_fresh_store(s3, tmp_path, capsys):
         build_history(h, expected)
         head = exact(h.root)
         store_a = str(h.store.path)
-        code, _ = cli(capsys, "--store", store_a, "remote", "add", "origin", s3.url(),
-                      "--endpoint", s3.endpoint)
-        assert code == 0
+        add_origin(capsys, store_a, s3)
         code, recs = cli(capsys, "--store", store_a, "push", "-C", h.root.decode())
         assert code == 0, recs
         done = [r for r in recs if r["type"] == "push.done"][0]
@@ -44,9 +43,7 @@ def test_every_point_restores_byte_exact_on_a_fresh_store(s3, tmp_path, capsys):
     # remote log: every epoch, without downloading a blob
     b = tmp_path / "b"
     b.mkdir()
-    code, _ = cli(capsys, "--store", b / "store", "remote", "add", "origin", s3.url(),
-                  "--endpoint", s3.endpoint)
-    assert code == 0
+    add_origin(capsys, b / "store", s3)
     code, recs = cli(capsys, "--store", b / "store", "remote", "log", "origin")
     assert code == 0
     points = [r["epoch"] for r in recs if r["type"] == "remote.point"]
@@ -55,8 +52,7 @@ def test_every_point_restores_byte_exact_on_a_fresh_store(s3, tmp_path, capsys):
     for eid, tree in sorted(expected.items()):
         fresh = tmp_path / f"m{eid}"
         fresh.mkdir()
-        cli(capsys, "--store", fresh / "store", "remote", "add", "origin", s3.url(),
-            "--endpoint", s3.endpoint)
+        add_origin(capsys, fresh / "store", s3)
         code, recs = cli(capsys, "--store", fresh / "store", "restore", "--from", "origin",
                          "--workspace", ws_id, "--point", f"e{eid}", fresh / "dir")
         assert code == 0, recs
@@ -78,14 +74,11 @@ def test_restored_history_rewinds_and_redoes(s3, tmp_path, capsys):
     with open_history(new_dir(tmp_path / "a")) as h:
         build_history(h, expected)
         store_a = str(h.store.path)
-        cli(capsys, "--store", store_a, "remote", "add", "origin", s3.url(),
-            "--endpoint", s3.endpoint)
-        code, recs = cli(capsys, "--store", store_a, "push", "-C", h.root.decode())
-        ws_id = [r for r in recs if r["type"] == "push.done"][0]["workspace"]
+        add_origin(capsys, store_a, s3)
+        ws_id = push_done(capsys, store_a, h.root.decode())["workspace"]
     m = tmp_path / "m"
     m.mkdir()
-    cli(capsys, "--store", m / "store", "remote", "add", "origin", s3.url(),
-        "--endpoint", s3.endpoint)
+    add_origin(capsys, m / "store", s3)
     code, recs = cli(capsys, "--store", m / "store", "restore", "--from", "origin",
                      "--workspace", ws_id, "--point", "t2", "--session", "s1", m / "dir")
     assert code == 0, recs
