@@ -2,44 +2,11 @@
 // another machine learning the pushed history first — against a scripted socket (the
 // daemon's side is tested for real in tests/mount/test_remote_learn_mount.py).
 import assert from 'node:assert/strict';
-import { mkdtempSync, rmSync } from 'node:fs';
-import { createServer } from 'node:net';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
 import { test } from 'node:test';
 import { renderRewind, renderStatus } from '../lib/commands.js';
 import { DEFAULTS } from '../lib/config.js';
 import { RewindfsService } from '../lib/service.js';
-
-async function scripted(handle, body) {
-  const dir = mkdtempSync(join(tmpdir(), 'rwremote-'));
-  const path = join(dir, 'd.sock');
-  const requests = [];
-  const server = createServer((conn) => {
-    let buf = '';
-    conn.setEncoding('utf8');
-    conn.on('data', async (d) => {
-      buf += d;
-      let nl;
-      while ((nl = buf.indexOf('\n')) >= 0) {
-        const req = JSON.parse(buf.slice(0, nl));
-        buf = buf.slice(nl + 1);
-        requests.push({ method: req.method, params: req.params });
-        const result = await handle(req);
-        const reply = result?.error ? { ok: false, error: result.error } : { ok: true, result };
-        if (!conn.destroyed) conn.write(`${JSON.stringify({ v: 1, id: req.id, ...reply })}\n`);
-      }
-    });
-    conn.on('error', () => {});
-  });
-  await new Promise((r) => server.listen(path, r));
-  try {
-    await body(path, requests);
-  } finally {
-    server.close();
-    rmSync(dir, { recursive: true, force: true });
-  }
-}
+import { scripted } from './scripted.js';
 
 function service(socket, overrides = {}, ctx = { get: () => undefined }) {
   const notices = [];

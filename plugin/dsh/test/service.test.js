@@ -2,40 +2,14 @@
 // turn.begin/turn.end, a begin that lands after its timeout, the once-only notice,
 // and refusals that need no daemon.
 import assert from 'node:assert/strict';
-import { mkdtempSync, rmSync } from 'node:fs';
-import { createServer } from 'node:net';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
 import { test } from 'node:test';
 import { DEFAULTS } from '../lib/config.js';
 import { RewindfsService } from '../lib/service.js';
+import { scripted } from './scripted.js';
 
-async function scripted(handle, body) {
-  const dir = mkdtempSync(join(tmpdir(), 'rwsvc-'));
-  const path = join(dir, 'd.sock');
-  const calls = [];
-  const server = createServer((conn) => {
-    let buf = '';
-    conn.setEncoding('utf8');
-    conn.on('data', async (d) => {
-      buf += d;
-      const nl = buf.indexOf('\n');
-      if (nl < 0) return;
-      const req = JSON.parse(buf.slice(0, nl));
-      calls.push(`${req.method}${req.params.turn ? ` ${req.params.turn}` : ''}`);
-      const result = await handle(req);
-      const reply = result?.error ? { ok: false, error: result.error } : { ok: true, result };
-      if (!conn.destroyed) conn.write(`${JSON.stringify({ v: 1, id: req.id, ...reply })}\n`);
-    });
-    conn.on('error', () => {});
-  });
-  await new Promise((r) => server.listen(path, r));
-  try {
-    await body(path, calls);
-  } finally {
-    server.close();
-    rmSync(dir, { recursive: true, force: true });
-  }
+/** The scripted daemon, keeping each request as `method turn`. */
+function scriptedCalls(handle, body) {
+  return scripted(handle, body, (req) => `${req.method}${req.params.turn ? ` ${req.params.turn}` : ''}`);
 }
 
 function service(socket, overrides = {}) {
@@ -49,7 +23,7 @@ const agent = (id, status = 'idle') => ({ id, status, session: { header: { cwd: 
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
 test('begin once per turn, end after begin, drained on flush', async () => {
-  await scripted(async () => ({ epoch: 1 }), async (path, calls) => {
+  await scriptedCalls(async () => ({ epoch: 1 }), async (path, calls) => {
     const { svc, notices } = service(path);
     const a = agent('s1');
     await svc.beginTurn(a, 1, 'x');
@@ -65,7 +39,7 @@ test('begin once per turn, end after begin, drained on flush', async () => {
 test('a begin slower than turnTimeoutMs: unprotected notice once, end still sent when it lands', async () => {
   let release;
   const gate = new Promise((r) => { release = r; });
-  await scripted(async (req) => {
+  await scriptedCalls(async (req) => {
     if (req.method === 'turn.begin' && req.params.turn === 1) await gate;
     return { epoch: 1 };
   }, async (path, calls) => {
@@ -107,7 +81,7 @@ test('refusals before any socket call', async () => {
 
 test('another session holds the turn: the refusal is the notice, no end is sent', async () => {
   const refusal = { code: 'turn-open', message: 'Turn 4 of session other is still open; end it first or pass --force.' };
-  await scripted(async (req) => (req.method === 'turn.begin' ? { error: refusal } : {}), async (path, calls) => {
+  await scriptedCalls(async (req) => (req.method === 'turn.begin' ? { error: refusal } : {}), async (path, calls) => {
     const { svc, notices } = service(path);
     await svc.beginTurn(agent('s5'), 1, 'x');
     svc.endTurn('s5', 1);
