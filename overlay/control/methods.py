@@ -25,7 +25,6 @@ from rewindfs.store._errors import InternalError, RewindfsError
 from rewindfs.overlay.control import history, remote_methods
 from rewindfs.overlay.control.autopush import final_bound_s
 from rewindfs.overlay.control.host import DaemonHost
-from rewindfs.overlay.control.learn_methods import METHODS as LEARN_METHODS
 from rewindfs.overlay.control.rewind_methods import METHODS
 from rewindfs.overlay.control.wire import (VERSION, check_text, opt_str, parse_request,
                                            reply_error, reply_ok, req_int, req_str)
@@ -139,7 +138,6 @@ TABLE = {
 }
 TABLE.update(METHODS)
 TABLE.update(history.METHODS)
-TABLE.update(LEARN_METHODS)
 TABLE.update(remote_methods.METHODS)
 
 

@@ -20,7 +20,7 @@ Refused (``LearnTargetHasHistory``, nothing changed) when the store has history 
 workspace: a journal entry, a turn, a pending rewind.  So learning twice is refused
 too — the first learning left the bridging epoch's pre-images.
 
-Three steps, so the daemon can run each where it belongs (``control.learn_methods``):
+Three steps, so the daemon can run each where it belongs (``control.remote_methods``):
 
 1. ``find_pushed`` + ``Pushed.fetch`` (network: segments, then every blob the history
    names, each verified by its hash and its local key) — no lock, nothing local
