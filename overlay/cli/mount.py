@@ -192,7 +192,17 @@ def _fusermount(real: bytes, lazy: bool) -> None:
 
 # -- commands ------------------------------------------------------------------------------
 
+def _dir_and_auto(args) -> None:
+    """``mount --auto DIR``: the one positional word was taken as the remote's name;
+    DIR is required, so it is DIR and ``--auto`` means the only remote."""
+    if args.dir is None:
+        if not args.auto:
+            raise UsageError("mount: the following arguments are required: DIR")
+        args.dir, args.auto = args.auto, ""
+
+
 def cmd_mount(args, out) -> int:
+    _dir_and_auto(args)
     store = resolve_store_path(args.store)
     real = os.path.realpath(os.fsencode(args.dir))
     cwd = os.path.realpath(os.getcwd().encode())
@@ -488,7 +498,7 @@ HANDLERS = {
 def register(sub) -> None:
     """Add this module's subcommands to the ``rewindfs`` parser."""
     p = sub.add_parser("mount", help="mount the FUSE overlay over DIR")
-    p.add_argument("dir", metavar="DIR", help="the workspace, mounted over itself")
+    p.add_argument("dir", metavar="DIR", nargs="?", help="the workspace, mounted over itself")
     p.add_argument("--foreground", action="store_true", help="serve in this process")
     p.add_argument("--recover", action="store_true",
                    help="detach a stale mount left by a dead daemon first")
@@ -498,7 +508,7 @@ def register(sub) -> None:
                         "(pyfuse3); default: $REWINDFS_SESSION, else kernel")
     p.add_argument("--auto", nargs="?", const="", default=None, metavar="NAME",
                    help="push to remote NAME (default: the only one) in the background "
-                        "after every turn end (put it after DIR, or give NAME)")
+                        "after every turn end")
     options.common(p)
     p.set_defaults(command="mount")
 

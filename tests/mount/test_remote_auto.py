@@ -219,6 +219,30 @@ def test_bad_auto_arguments_leave_nothing_mounted(tmp_path):
         server.stop()
 
 
+def test_auto_before_the_directory_takes_the_only_remote(tmp_path):
+    """``mount --auto DIR`` reads the way people write it: DIR is required, so the one
+    word after ``--auto`` is DIR and the push goes to the only remote.  Without any
+    word at all it is a usage error, and nothing is mounted."""
+    server = S3Server(tmp_path / "s3data").start()
+    ws, store = tmp_path / "ws", tmp_path / "store"
+    ws.mkdir()
+    try:
+        _add_remote(server, store, "one")
+        r = cli("--json", "mount", "--auto", store=store, env=server.env)
+        assert r.returncode == 3 and '"usage"' in r.stdout, r.stdout + r.stderr
+        r = cli("mount", "--auto", ws, store=store, env=server.env)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert is_rewindfs_mount(ws)
+        r = cli("--json", "status", "-C", ws, store=store, env=server.env)
+        status = [json.loads(x) for x in r.stdout.splitlines() if '"status"' in x][-1]
+        assert status["push"]["auto"] == "one", status
+    finally:
+        if is_rewindfs_mount(ws):
+            r = cli("unmount", ws, store=store, env=server.env)
+            assert r.returncode == 0, r.stderr
+        server.stop()
+
+
 def test_unmount_says_what_is_left_and_a_later_push_sends_it(tmp_path):
     server = S3Server(tmp_path / "s3data").start()
     try:
