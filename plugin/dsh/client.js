@@ -16,7 +16,8 @@
  *   workspace), then `/rewind <turn> --into <child>` in the parent's binding (the
  *   host puts the files back and files the undo record in that child), then
  *   `ctx.sessions.open(child)`.  A refusal (busy, unprotected turn, a host refusal)
- *   is shown beside the control and nothing is opened.
+ *   is shown beside the control and nothing is opened; a fork made before a host
+ *   refusal is archived (`ctx.get('workspaces').archiveSession`).
  * - `conversation.chat.commandview` for `rewind` and `redo`: the whole reply, line
  *   by line (the stock row shows only its first line).
  * - `conversation.session.header.actions`: "undo the rewind that landed here"
@@ -156,10 +157,12 @@ window.__ModuleLoader__.load({
      * (the deployment's own), `/rewind <turn> --into <child>` in the parent, open
      * the child.  Refused before the fork while the agent runs.  Turn 1 (no
      * `atSeq`: the web fork cannot cut an empty history): `rewindWithHostFork`.
+     * A refusal after the fork archives the fork (`dropFork`).
      * @param {object} sessions - ctx.sessions.
+     * @param {(id: string) => Promise<void>} [archive] - archives a session.
      * @returns {Promise<{ok: true, child: string, text?: string} | {ok: false, text: string, child?: string}>} result.
      */
-    async function rewindToTurn(sessions, { sessionId, turn, atSeq }) {
+    async function rewindToTurn(sessions, { sessionId, turn, atSeq }, archive = undefined) {
       const verb = `/rewind ${turn}`;
       const session = sessions.binding(sessionId)?.session;
       if (session === undefined) return { ok: false, text: refusalText(verb, 'error', `session ${sessionId} is not open in this page`) };
@@ -172,9 +175,28 @@ window.__ModuleLoader__.load({
         return { ok: false, text: refusalText(verb, 'fork-failed', `could not fork session ${sessionId} before turn ${turn}: ${error?.message ?? error}`) };
       }
       const outcome = await runCommand(session, 'rewind', `${turn} --into ${child}`);
-      if (outcome.kind !== 'success') return { ok: false, child, text: outcome.text ?? refusalText(verb, 'error', 'refused') };
+      if (outcome.kind !== 'success') {
+        const text = outcome.text ?? refusalText(verb, 'error', 'refused');
+        return { ok: false, child, text: `${text}\n${await dropFork(archive, child)}` };
+      }
       sessions.open(child);
       return { ok: true, child, text: outcome.text };
+    }
+
+    /**
+     * The fork a refused rewind made is archived, so the session list holds no
+     * session nobody asked for.  Says what became of it.
+     * @param {((id: string) => Promise<void>) | undefined} archive - the deployment's archive.
+     */
+    async function dropFork(archive, child) {
+      const left = `rewindfs: the fork ${child} made for this rewind is left in the session list`;
+      if (archive === undefined) return left;
+      try {
+        await archive(child);
+        return `rewindfs: the fork ${child} made for this rewind was archived`;
+      } catch (error) {
+        return `${left} (archiving it failed: ${error?.message ?? error})`;
+      }
     }
 
     /**
@@ -228,7 +250,7 @@ window.__ModuleLoader__.load({
     const buttonStyle = { background: 'none', border: 0, cursor: 'pointer', padding: '2px 6px', fontSize: 14, color: 'inherit' };
     const statusStyle = { fontSize: 12, marginLeft: 6, color: 'var(--dsw-alias-label-error, #c0392b)', whiteSpace: 'pre-wrap' };
 
-    function makeRewindAction(sessions) {
+    function makeRewindAction(sessions, archive) {
       return function RewindAction({ messageId, sessionId, useSession }) {
         const nodes = useSession((s) => s.nodes);
         const turnEnds = useSession((s) => s.turnEnds);
@@ -242,7 +264,7 @@ window.__ModuleLoader__.load({
           setRefused(undefined);
           setBusy(true);
           try {
-            const result = await rewindToTurn(sessions, { sessionId, turn: state.turn, atSeq: state.atSeq });
+            const result = await rewindToTurn(sessions, { sessionId, turn: state.turn, atSeq: state.atSeq }, archive);
             if (!result.ok) setRefused(result.text);
           } finally {
             setBusy(false);
@@ -311,7 +333,7 @@ window.__ModuleLoader__.load({
     function apply(ctx) {
       ctx.slots.inject('conversation.chat.assistant-actions', () => ctx.slots.register({
         name: 'conversation.chat.assistant-actions', id: 'rewindfs-rewind', order: 30,
-      }, makeRewindAction(ctx.sessions)));
+      }, makeRewindAction(ctx.sessions, (id) => ctx.get('workspaces').archiveSession(id))));
       for (const key of ['rewind', 'redo']) {
         ctx.slots.inject('conversation.chat.commandview', () => ctx.slots.register({
           name: 'conversation.chat.commandview', key,

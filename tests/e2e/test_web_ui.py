@@ -14,6 +14,9 @@ plugin installed into the web profile and the scripted model endpoint:
 - ``/rewind`` typed in the composer; a running turn → the control refuses (busy);
 - ``/rewind 2`` typed in the composer → the host's own fork, listed under the
   workspace too, the reply naming it;
+- the control while another agent's turn is open in the workspace → the web fork is
+  made, the host refuses (turn-open), and that fork is archived: the session list is
+  as before, the files unchanged;
 - the rewind control of turn 1 (the web fork cannot cut an empty history, so the host
   forks once) → the files before turn 1, that child open in the page.
 
@@ -28,7 +31,7 @@ import re
 import pytest
 
 from dshkit import Dsh, MockModel, harness
-from mountkit import mounted
+from mountkit import cli, mounted
 from treesnap import compare, snapshot
 from webkit import Browser, WebServer, browser_driver
 
@@ -97,7 +100,7 @@ def test_rewind_and_undo_in_the_web_ui(tmp_path, capsys):
         with mounted(ws, store), WebServer(dsh, ws, tmp_path) as web, \
                 Browser(paths["NODE_BIN"], driver, tmp_path / "screenshots") as page:
             try:
-                run_flow(page, web, dsh, ws, gate)
+                run_flow(page, web, dsh, ws, store, gate)
             finally:
                 with capsys.disabled():   # the paths belong in the CI log, pass or fail
                     print(f"\nweb UI screenshots: {', '.join(sorted(map(str, page.shots.glob('*.png'))))}")
@@ -126,7 +129,7 @@ def send(page, text: str):
         page.do("press", target=COMPOSER, key="Enter")
 
 
-def run_flow(page, web, dsh, ws, gate):
+def run_flow(page, web, dsh, ws, store, gate):
     open_workspace(page, web, ws)
     before_turn1 = snapshot(ws)
     send(page, P1)
@@ -194,7 +197,32 @@ def run_flow(page, web, dsh, ws, gate):
 
     before_child_turn2 = check_busy(page, ws, gate)
     check_typed_rewind(page, ws, before_child_turn2)
+    check_refused_fork_is_archived(page, ws, store)
     check_turn_one(page, ws, before_turn1)
+
+
+def check_refused_fork_is_archived(page, ws, store):
+    """Another agent's turn is open in the workspace (a second session marked it
+    through the CLI): the control forks, the host refuses the rewind (turn-open), and
+    the fork it made is archived — the list holds no session nobody asked for."""
+    r = cli("turn", "begin", "-C", ws, "--session", "other-agent", "--turn", "1",
+            "--label", "another agent's turn", store=store)
+    assert r.returncode == 0, r.stderr
+    try:
+        rows, files = sidebar_rows(page), snapshot(ws)
+        page.do("wait", target=f"{rewind_control(2)}:not([disabled])")
+        page.do("click", target=rewind_control(2))
+        refusal = '[data-rewindfs="refusal"]:has-text("turn-open")'
+        page.do("wait", target=refusal)
+        text = page.do("text", target=refusal)["text"]
+        assert re.search(r"rewindfs: the fork \S+ made for this rewind was archived", text), text
+        page.shot("8b-refused-fork-archived")
+        page.do("wait", target=f"{SESSIONS} [role=\"treeitem\"] >> nth={len(rows)}", state="detached")
+        assert sidebar_rows(page) == rows, (rows, sidebar_rows(page))
+        assert compare(files, snapshot(ws)) == []
+    finally:
+        r = cli("turn", "end", "-C", ws, "--session", "other-agent", store=store)
+        assert r.returncode == 0, r.stderr
 
 
 def check_turn_one(page, ws, before_turn1):

@@ -152,9 +152,14 @@ test('refusals are shown, and nothing is opened', async () => {
   assert.deepEqual(busy.calls, [], 'a busy agent: not even the fork runs');
 
   const host = fakeSessions({ reply: { kind: 'error', text: 'rewindfs: /rewind 2 refused (turn-open): turn 3 is open' } });
-  const refused = await logic.rewindToTurn(host, { sessionId: 'p', turn: 2, atSeq: 11 });
-  assert.deepEqual(refused, { ok: false, child: 'child-1', text: 'rewindfs: /rewind 2 refused (turn-open): turn 3 is open' });
+  const archived = [];
+  const refused = await logic.rewindToTurn(host, { sessionId: 'p', turn: 2, atSeq: 11 }, async (id) => { archived.push(id); });
+  assert.deepEqual(refused, { ok: false, child: 'child-1', text: 'rewindfs: /rewind 2 refused (turn-open): turn 3 is open\nrewindfs: the fork child-1 made for this rewind was archived' });
   assert.equal(host.calls.some((c) => c.startsWith('open')), false);
+  assert.deepEqual(archived, ['child-1'], 'the fork nobody asked for is archived');
+  const kept = await logic.rewindToTurn(fakeSessions({ reply: { kind: 'error', text: 'no' } }), { sessionId: 'p', turn: 2, atSeq: 11 },
+    async () => { throw new Error('archive-unavailable'); });
+  assert.equal(kept.text, 'no\nrewindfs: the fork child-1 made for this rewind is left in the session list (archiving it failed: archive-unavailable)');
 
   const fork = fakeSessions({ forkError: 'fork-unavailable' });
   const failed = await logic.rewindToTurn(fork, { sessionId: 'p', turn: 2, atSeq: 11 });
