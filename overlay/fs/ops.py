@@ -65,6 +65,7 @@ from rewindfs.overlay.tree.fdbudget import EXHAUSTED
 from rewindfs.overlay.capture import capture, rename_paths
 from rewindfs.overlay.tree.ignore import IGNORE_FILE, IgnoreRules
 from rewindfs.overlay.errors import BadIgnoreRules
+from rewindfs.overlay.fs.attrs import StatAttr
 from rewindfs.overlay.fs.inodes import InodeTable, child
 from rewindfs.overlay.fs.latewrites import LateWrites
 from rewindfs.overlay.fs import session as _session
@@ -88,14 +89,18 @@ _OPEN_SYNC = os.O_SYNC | os.O_DSYNC      # O_SYNC contains O_DSYNC's bit
 def _handler(fn):
     """Map every failure to an errno at the FUSE boundary (and nothing else).
 
+    The result is the ``async def`` pyfuse3 awaits; its ``sync`` attribute is the same
+    handler as a plain function, which the kernel-direct session calls directly (no
+    coroutine per request: handlers never await, docs/concurrency.md).
+
     Each request starts by telling the inode table (its directory fds borrowed before
     may be evicted now).  Out of fds (``EMFILE``/``ENFILE``): the table's cached fds
     are shed — nothing is borrowed any more, the request is over — and this one
     request fails with that errno; the next one finds fds free."""
 
     @functools.wraps(fn)
-    async def wrapper(self, *args):
-        self.table.begin_request()
+    def call(self, *args):
+        self.table.tick += 1        # InodeTable.begin_request(), inlined: every request
         try:
             return fn(self, *args)
         except FUSEError:
@@ -112,6 +117,11 @@ def _handler(fn):
             log.exception("%s failed", fn.__name__)
             raise FUSEError(errno.EIO) from None
 
+    @functools.wraps(fn)
+    async def wrapper(self, *args):
+        return call(self, *args)
+
+    wrapper.sync = call     # the same handler without a coroutine (the kernel session)
     return wrapper
 
 
@@ -152,6 +162,9 @@ class RewindOperations(pyfuse3.Operations):
     # holds passed through, whose writes never reach us (``passthrough_writer``):
     # docs/concurrency.md.
     passthrough = False
+    # Set by the kernel-direct session: ``_attr`` answers a ``StatAttr`` (fs/attrs.py)
+    # instead of building pyfuse3's EntryAttributes field by field.
+    stat_attrs = False
 
     def __init__(self, root_fd: int, store, ws: int, *, writeback: bool = False,
                  timeout: float = CACHE_TIMEOUT):
@@ -376,6 +389,8 @@ class RewindOperations(pyfuse3.Operations):
 
     def _attr(self, node, st) -> pyfuse3.EntryAttributes:
         node.st = st
+        if self.stat_attrs:     # the kernel session packs the reply from the stat itself
+            return StatAttr(node.ino, st, self.timeout)
         e = pyfuse3.EntryAttributes()
         e.st_ino = node.ino
         e.generation = 0
@@ -1134,6 +1149,7 @@ class RewindOperations(pyfuse3.Operations):
                 "session": sess.name if sess is not None else None,
                 "fuse_flags": sess.flags if sess is not None else 0,
                 "requests": sess.request_counts() if sess is not None else {},
+                "request_ns": sess.request_times() if sess is not None else {},
                 "store_syncs": self.store.statistics()["durability"]["syncs"],
                 "open_files": len(self.handles), **self.stats, **self.table.statistics()}
 
