@@ -3,9 +3,12 @@
 The handlers keep pyfuse3's calling convention and types: ``EntryAttributes``,
 ``FileInfo``, ``StatvfsData`` and ``FUSEError`` are pyfuse3's own; the request context
 (``Ctx``: uid, gid, pid, umask) and the setattr field set (``Fields``) are look-alikes
-with the same attribute names (pyfuse3's cannot be built from Python).  A handler is
-an ``async def`` that never awaits, so ``_run`` drives it with one ``send``: no trio
-scheduling per request.
+with the same attribute names (pyfuse3's cannot be built from Python), and so are the
+attributes to set (``NewAttrs``) and the attributes handlers answer (``fs.attrs.StatAttr``,
+packed straight from the stat).  A handler is an ``async def`` that never awaits; the
+dispatcher calls its plain-function twin (``fs.ops._handler``'s ``sync``), or drives a
+handler without one with a single ``send`` (``_run``): no trio scheduling, no coroutine
+per request.
 
 Every request gets exactly one reply, except FORGET, BATCH_FORGET and INTERRUPT
 (none, by protocol).  An opcode without an entry in the table gets ``ENOSYS`` — the

@@ -6,13 +6,13 @@ request loop on the trio thread; ``close()`` unmounts and closes the fd.  Reques
 reach the very handlers the libfuse session calls (``fs.ops.RewindOperations``), with
 pyfuse3's types — ``dispatch.Dispatcher`` does the translation.
 
-The loop is lean on purpose (docs/benchmarks.md): the fd is non-blocking; a request
-is read with one ``readv`` into a reused buffer, dispatched, answered with one
-``writev``; ``poll`` on trio's own epoll fd says whether another task (the control
-socket, a worker thread's result) waits, and only then — or every ``_FAIR_EVERY``
-requests, for timers — does the loop pass a trio checkpoint.  With no request queued
-it first waits up to ``_IDLE_MS`` in ``poll`` on both fds (``_idle_waiter``), and only
-then parks in ``trio.lowlevel.wait_readable``.  Handlers never await (docs/concurrency.md), so one
+The loop is lean on purpose (docs/benchmarks.md): the fd is non-blocking; one
+``poll`` on it and on trio's own epoll fd waits for the next request (at once when one
+is queued, at most ``_IDLE_MS``, then the loop parks in ``trio.lowlevel.wait_readable``)
+and says whether another task (the control socket, a worker thread's result) waits —
+only then, or every ``_FAIR_EVERY`` requests for timers, does the loop pass a trio
+checkpoint; the request is read with one ``readv`` into a reused buffer, dispatched to
+the handler's plain-function twin, answered with one write.  Handlers never await (docs/concurrency.md), so one
 request runs to completion before the next is read, as with the libfuse session.
 """
 
