@@ -402,16 +402,22 @@ def run_suite(target_cm, ctx, fuse: bool) -> dict[str, float]:
             if before is not None:      # untimed: the kernel session counts requests
                 after = _requests(ctl)
                 ctx.setdefault("counts", {}).setdefault(ctx["target"], {}).setdefault(
-                    name, []).append(sum(after.values()) - sum(before.values()))
+                    name, []).append(sum(after[0].values()) - sum(before[0].values()))
+                ctx.setdefault("opcodes", {}).setdefault(ctx["target"], {})[name] = {
+                    op: [n - before[0].get(op, 0),
+                         round((after[1].get(op, 0) - before[1].get(op, 0)) / 1000)]
+                    for op, n in after[0].items() if n != before[0].get(op, 0)}
     return times
 
 
-def _requests(ctl) -> dict | None:
-    """Requests served so far by a rewindfs daemon's session (None: not counted)."""
+def _requests(ctl) -> tuple[dict, dict] | None:
+    """Requests served so far by a rewindfs daemon's session, by opcode, and the ns
+    spent on each opcode (only with REWINDFS_FUSE_TIMES=1); None: not counted."""
     if ctl is None:
         return None
-    counts = ctl.call("status")["fs"].get("requests")
-    return counts or None
+    fs = ctl.call("status")["fs"]
+    counts = fs.get("requests")
+    return (counts, fs.get("request_ns") or {}) if counts else None
 
 
 def suite(args, work: Path, store: Path, example: Path | None, ctx) -> dict:
@@ -958,6 +964,14 @@ def main(argv=None) -> int:
                 for t, per in report["requests"].items():
                     print(f"requests per workload, {t}: "
                           + ", ".join(f"{w} {n:,.0f}" for w, n in per.items()))
+            if ctx.get("opcodes"):      # the last repetition's, by opcode: [count, µs]
+                report["requests_by_opcode"] = ctx.pop("opcodes")
+                for t, per in report["requests_by_opcode"].items():
+                    for w, ops in per.items():
+                        top = sorted(ops.items(), key=lambda kv: -kv[1][0])
+                        print(f"  {t} / {w}: " + ", ".join(
+                            f"{op} {n}" + (f" ({us / n:.1f} µs)" if us else "")
+                            for op, (n, us) in top))
         if "marks" in only:
             print("== turn mark latency")
             report["turn_marks"] = turn_marks(args, work, sizes)

@@ -40,7 +40,7 @@ _PATH_DIR = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 class Inode:
     __slots__ = ("ino", "key", "paths", "nlookup", "is_dir", "dir_fd", "seen", "handles",
-                 "wrote", "kernel_mtime_ns", "st", "used")
+                 "wrote", "kernel_mtime_ns", "st", "used", "nocaps")
 
     def __init__(self, ino: int, key, is_dir: bool):
         self.ino = ino
@@ -55,6 +55,7 @@ class Inode:
         self.kernel_mtime_ns = None     # the mtime the kernel last pushed (writeback cache)
         self.st = None                  # the last stat result sent to the kernel
         self.used = 0                   # the request that last borrowed dir_fd
+        self.nocaps = False             # known to have no security.capability xattr
 
     @property
     def path(self) -> bytes | None:

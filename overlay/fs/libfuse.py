@@ -50,6 +50,10 @@ class LibfuseSession:
         """Not known: libfuse does not count."""
         return {}
 
+    def request_times(self) -> dict[str, int]:
+        """Not known either."""
+        return {}
+
     def start(self) -> None:
         pyfuse3.init(self.ops, os.fsdecode(self.mountpoint), mount_options())
 

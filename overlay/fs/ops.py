@@ -65,6 +65,7 @@ from rewindfs.overlay.tree.fdbudget import EXHAUSTED
 from rewindfs.overlay.capture import capture, rename_paths
 from rewindfs.overlay.tree.ignore import IGNORE_FILE, IgnoreRules
 from rewindfs.overlay.errors import BadIgnoreRules
+from rewindfs.overlay.fs.attrs import StatAttr
 from rewindfs.overlay.fs.inodes import InodeTable, child
 from rewindfs.overlay.fs.latewrites import LateWrites
 from rewindfs.overlay.fs import session as _session
@@ -83,10 +84,15 @@ CACHE_TIMEOUT = 3600.0
 _OPEN_DROP = os.O_CREAT | os.O_EXCL | os.O_NOCTTY | getattr(os, "O_DIRECT", 0)
 _OPEN_ADD = os.O_NOFOLLOW | os.O_CLOEXEC
 _OPEN_SYNC = os.O_SYNC | os.O_DSYNC      # O_SYNC contains O_DSYNC's bit
+_CAPS = b"security.capability"
 
 
 def _handler(fn):
     """Map every failure to an errno at the FUSE boundary (and nothing else).
+
+    The result is the ``async def`` pyfuse3 awaits; its ``sync`` attribute is the same
+    handler as a plain function, which the kernel-direct session calls directly (no
+    coroutine per request: handlers never await, docs/concurrency.md).
 
     Each request starts by telling the inode table (its directory fds borrowed before
     may be evicted now).  Out of fds (``EMFILE``/``ENFILE``): the table's cached fds
@@ -94,8 +100,8 @@ def _handler(fn):
     request fails with that errno; the next one finds fds free."""
 
     @functools.wraps(fn)
-    async def wrapper(self, *args):
-        self.table.begin_request()
+    def call(self, *args):
+        self.table.tick += 1        # InodeTable.begin_request(), inlined: every request
         try:
             return fn(self, *args)
         except FUSEError:
@@ -112,6 +118,11 @@ def _handler(fn):
             log.exception("%s failed", fn.__name__)
             raise FUSEError(errno.EIO) from None
 
+    @functools.wraps(fn)
+    async def wrapper(self, *args):
+        return call(self, *args)
+
+    wrapper.sync = call     # the same handler without a coroutine (the kernel session)
     return wrapper
 
 
@@ -152,6 +163,9 @@ class RewindOperations(pyfuse3.Operations):
     # holds passed through, whose writes never reach us (``passthrough_writer``):
     # docs/concurrency.md.
     passthrough = False
+    # Set by the kernel-direct session: ``_attr`` answers a ``StatAttr`` (fs/attrs.py)
+    # instead of building pyfuse3's EntryAttributes field by field.
+    stat_attrs = False
 
     def __init__(self, root_fd: int, store, ws: int, *, writeback: bool = False,
                  timeout: float = CACHE_TIMEOUT):
@@ -376,6 +390,8 @@ class RewindOperations(pyfuse3.Operations):
 
     def _attr(self, node, st) -> pyfuse3.EntryAttributes:
         node.st = st
+        if self.stat_attrs:     # the kernel session packs the reply from the stat itself
+            return StatAttr(node.ino, st, self.timeout)
         e = pyfuse3.EntryAttributes()
         e.st_ino = node.ino
         e.generation = 0
@@ -752,7 +768,8 @@ class RewindOperations(pyfuse3.Operations):
             self._refuse_fenced(path)   # O_CREAT without O_EXCL opens an existing file
         # A name that exists after all (a stale negative dentry) is opened for writing:
         # its inode's other names change with it, so they are captured too.
-        self._guard([(path, False), *self._twins(self._lstat_or_none(path))])
+        before = self._lstat_or_none(path)
+        self._guard([(path, False), *self._twins(before)])
         with self._parent(path) as (fd, n):
             rfd = os.open(n, self._real_flags(flags) | os.O_CREAT | (flags & os.O_EXCL),
                           stat.S_IMODE(mode), dir_fd=fd)   # O_EXCL: EEXIST, as on disk
@@ -765,7 +782,10 @@ class RewindOperations(pyfuse3.Operations):
                 os.close(rfd)
                 raise
         attr = self._enter(path, st)
-        return self._opened(rfd, self.table[attr.st_ino], flags), attr
+        node = self.table[attr.st_ino]
+        if before is None and st.st_nlink == 1:
+            node.nocaps = True     # made just now: no security.capability (getxattr)
+        return self._opened(rfd, node, flags), attr
 
     @_handler
     def read(self, fh, off, size):
@@ -918,8 +938,15 @@ class RewindOperations(pyfuse3.Operations):
     def getxattr(self, inode, name, ctx):
         # The kernel asks for security.capability before every write(2) (file_remove_privs;
         # FUSE has no SB_NOSEC without handle_killpriv_v2, which pyfuse3 cannot request),
-        # so this is a hot path: no context manager when the parent fd is cached.
+        # so this is a hot path: no context manager when the parent fd is cached.  With
+        # HANDLE_KILLPRIV_V2 it still comes once per written file, and before every
+        # chown (notify_change's ATTR_KILL_PRIV): a known absence is answered from the
+        # node (``Inode.nocaps``), as the kernel caches attributes — only the daemon
+        # adds xattrs to the tree while it is mounted (setxattr clears the flag; a
+        # rewind's invalidation too).
         node = self.table[inode]
+        if node.nocaps and name == _CAPS:
+            raise FUSEError(pyfuse3.ENOATTR)
         path = self._path(node)
         head, _, base = path.rpartition(b"/")
         fd = self.table.dir_fd(head) if path else None
@@ -931,6 +958,8 @@ class RewindOperations(pyfuse3.Operations):
                 return os.getxattr(p, name, **kw)
         except OSError as exc:
             if exc.errno == errno.ENODATA:
+                if name == _CAPS:
+                    node.nocaps = True
                 raise FUSEError(pyfuse3.ENOATTR) from None
             raise
 
@@ -942,6 +971,7 @@ class RewindOperations(pyfuse3.Operations):
     @_handler
     def setxattr(self, inode, name, value, ctx):
         node = self.table[inode]
+        node.nocaps = False
         self._saw_node(ctx, node)
         if self.busy:
             self._refuse_busy_node(node)
@@ -952,6 +982,7 @@ class RewindOperations(pyfuse3.Operations):
     @_handler
     def removexattr(self, inode, name, ctx):
         node = self.table[inode]
+        node.nocaps = False
         self._saw_node(ctx, node)
         if self.busy:
             self._refuse_busy_node(node)
@@ -1087,6 +1118,7 @@ class RewindOperations(pyfuse3.Operations):
                 if st is None or (st.st_dev, st.st_ino) != node.key:
                     self.table.unbind(relpath, gone=len(node.paths) <= 1)
                 node.seen = None
+                node.nocaps = False
                 node.kernel_mtime_ns = None     # the real times changed behind the kernel
                 self.notifier.inode(node.ino)
             twin = self.table.by_key.get(_key_of(st)) if st is not None else None
@@ -1096,6 +1128,7 @@ class RewindOperations(pyfuse3.Operations):
                 # the writeback cache the kernel keeps a cached inode's mtime over what
                 # getattr says, and an inode no entry (or open file) holds is dropped.
                 twin.seen = None
+                twin.nocaps = False
                 twin.kernel_mtime_ns = None
                 if twin is not node:
                     self.notifier.inode(twin.ino)
@@ -1134,6 +1167,7 @@ class RewindOperations(pyfuse3.Operations):
                 "session": sess.name if sess is not None else None,
                 "fuse_flags": sess.flags if sess is not None else 0,
                 "requests": sess.request_counts() if sess is not None else {},
+                "request_ns": sess.request_times() if sess is not None else {},
                 "store_syncs": self.store.statistics()["durability"]["syncs"],
                 "open_files": len(self.handles), **self.stats, **self.table.statistics()}
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import os
+import threading
 
 __all__ = ["RENAME_EXCHANGE", "RENAME_NOREPLACE", "RENAME_WHITEOUT", "UTIME_OMIT",
            "malloc_trim", "renameat2", "syncfs", "utimensat"]
@@ -46,22 +47,38 @@ def renameat2(old_dir: int, old: bytes, new_dir: int, new: bytes, flags: int = 0
     _check(_libc.renameat2(old_dir, old, new_dir, new, flags), "renameat2", old)
 
 
-def _ts(ns: int | None) -> _Timespec:
-    if ns is None:
-        return _Timespec(0, UTIME_OMIT)
-    return _Timespec(ns // 1_000_000_000, ns % 1_000_000_000)
+_local = threading.local()
+
+
+def _times(atime_ns: int | None, mtime_ns: int | None):
+    """The two timespecs, in an array kept per thread (building one costs more than
+    the call: these run once per WRITE after a writeback time push)."""
+    times = getattr(_local, "times", None)
+    if times is None:
+        times = _local.times = (_Timespec * 2)()
+    for ts, ns in ((times[0], atime_ns), (times[1], mtime_ns)):
+        if ns is None:
+            ts.tv_sec, ts.tv_nsec = 0, UTIME_OMIT
+        else:
+            ts.tv_sec, ts.tv_nsec = divmod(ns, 1_000_000_000)
+    return times
 
 
 def utimensat(dir_fd: int, name: bytes, atime_ns: int | None, mtime_ns: int | None) -> None:
     """Set atime/mtime of *name* (not following a symlink); ``None`` leaves one as is."""
-    times = (_Timespec * 2)(_ts(atime_ns), _ts(mtime_ns))
-    _check(_libc.utimensat(dir_fd, name, times, AT_SYMLINK_NOFOLLOW), "utimensat", name)
+    if atime_ns is not None and mtime_ns is not None:   # the same call, without ctypes
+        os.utime(name, ns=(atime_ns, mtime_ns), dir_fd=dir_fd, follow_symlinks=False)
+        return
+    _check(_libc.utimensat(dir_fd, name, _times(atime_ns, mtime_ns), AT_SYMLINK_NOFOLLOW),
+           "utimensat", name)
 
 
 def futimens(fd: int, atime_ns: int | None, mtime_ns: int | None) -> None:
     """Set atime/mtime of the open file *fd*; ``None`` leaves one as is."""
-    times = (_Timespec * 2)(_ts(atime_ns), _ts(mtime_ns))
-    _check(_libc.futimens(fd, times), "futimens", b"")
+    if atime_ns is not None and mtime_ns is not None:
+        os.utime(fd, ns=(atime_ns, mtime_ns))
+        return
+    _check(_libc.futimens(fd, _times(atime_ns, mtime_ns)), "futimens", b"")
 
 
 def malloc_trim() -> None:

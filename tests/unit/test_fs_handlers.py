@@ -23,6 +23,7 @@ import errno
 import fcntl
 import os
 import stat
+import struct
 
 import pyfuse3
 import pytest
@@ -474,6 +475,37 @@ async def test_xattrs_are_captured_and_missing_ones_are_enoattr(t):
         with pytest.raises(FUSEError) as exc:
             await call
         assert errno_of(exc) == pyfuse3.ENOATTR
+
+
+_CAP = struct.pack("<IIIII", 0x02000000, 1 << 10, 0, 0, 0)   # cap_net_bind_service=p
+
+
+async def _caps(t, ino):
+    try:
+        return await t.fs.getxattr(ino, b"security.capability", REQ)
+    except FUSEError as exc:
+        assert exc.errno == pyfuse3.ENOATTR
+        return None
+
+
+async def test_a_capability_set_after_its_absence_was_answered_is_seen(t):
+    """``security.capability`` is asked before every chown and a file's first write, so
+    its absence is remembered per inode — until an xattr changes through us, or a
+    rewind lands behind the kernel."""
+    t.write("f", b"x")
+    info, entry = await t.fs.create(ROOT, b"new", 0o100644, os.O_WRONLY, REQ)
+    await t.fs.release(info.fh)
+    for name in ("f", "new"):
+        ino = await t.ino(name)
+        assert await _caps(t, ino) is None
+        await t.fs.setxattr(ino, b"security.capability", _CAP, REQ)
+        assert await _caps(t, ino) == _CAP
+        await t.fs.removexattr(ino, b"security.capability", REQ)
+        assert await _caps(t, ino) is None
+    ino = await t.ino("f")
+    os.setxattr(t.p("f"), "security.capability", _CAP)     # as a landing rewind would
+    t.fs.invalidate(b"f")
+    assert await _caps(t, ino) == _CAP
 
 
 async def test_a_change_to_a_hard_link_captures_names_the_table_never_saw(t):

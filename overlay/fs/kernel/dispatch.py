@@ -3,9 +3,12 @@
 The handlers keep pyfuse3's calling convention and types: ``EntryAttributes``,
 ``FileInfo``, ``StatvfsData`` and ``FUSEError`` are pyfuse3's own; the request context
 (``Ctx``: uid, gid, pid, umask) and the setattr field set (``Fields``) are look-alikes
-with the same attribute names (pyfuse3's cannot be built from Python).  A handler is
-an ``async def`` that never awaits, so ``_run`` drives it with one ``send``: no trio
-scheduling per request.
+with the same attribute names (pyfuse3's cannot be built from Python), and so are the
+attributes to set (``NewAttrs``) and the attributes handlers answer (``fs.attrs.StatAttr``,
+packed straight from the stat).  A handler is an ``async def`` that never awaits; the
+dispatcher calls its plain-function twin (``fs.ops._handler``'s ``sync``), or drives a
+handler without one with a single ``send`` (``_run``): no trio scheduling, no coroutine
+per request.
 
 Every request gets exactly one reply, except FORGET, BATCH_FORGET and INTERRUPT
 (none, by protocol).  An opcode without an entry in the table gets ``ENOSYS`` — the
@@ -23,6 +26,7 @@ import time
 import pyfuse3
 from pyfuse3 import FUSEError
 
+from rewindfs.overlay.fs.attrs import StatAttr
 from rewindfs.overlay.fs.kernel import wire
 from rewindfs.overlay.fs.kernel.backing import BackingFiles
 
@@ -63,6 +67,18 @@ class Fields:
         self.kill_suidgid = bool(valid & wire.FATTR_KILL_SUIDGID)
 
 
+class NewAttrs:
+    """What pyfuse3's ``EntryAttributes`` tells ``setattr`` (the values to set), as a
+    plain object: cheaper to build than pyfuse3's field by field."""
+
+    __slots__ = ("st_size", "st_mode", "st_uid", "st_gid", "st_atime_ns", "st_mtime_ns",
+                 "st_ctime_ns")
+
+    def __init__(self, size, mode, uid, gid, atime_ns, mtime_ns, ctime_ns):
+        self.st_size, self.st_mode, self.st_uid, self.st_gid = size, mode, uid, gid
+        self.st_atime_ns, self.st_mtime_ns, self.st_ctime_ns = atime_ns, mtime_ns, ctime_ns
+
+
 def _run(coro):
     """The result of a handler coroutine that does not await."""
     try:
@@ -71,6 +87,27 @@ def _run(coro):
         return stop.value
     coro.close()
     raise RuntimeError("a FUSE handler awaited; handlers must run to completion")
+
+
+_HANDLERS = ("access", "copy_file_range", "create", "fallocate", "flush", "forget", "fsync",
+             "fsyncdir", "getattr", "getxattr", "link", "listxattr", "lookup", "mkdir",
+             "mknod", "open", "opendir", "read", "readdir", "readlink", "release",
+             "releasedir", "removexattr", "rename", "rmdir", "setattr", "setxattr",
+             "statfs", "symlink", "unlink", "write")
+
+
+def _direct(ops, name: str):
+    """A plain callable for handler *name* of *ops*: the handler's ``sync`` twin when
+    it has one (``fs.ops._handler``), else its coroutine driven by ``_run``."""
+    meth = getattr(ops, name, None)
+    if meth is None:
+        def missing(*args):
+            raise AttributeError(f"no handler {name!r}")   # → EIO, as before
+        return missing
+    sync = getattr(getattr(meth, "__func__", None), "sync", None)
+    if sync is not None:
+        return sync.__get__(ops)
+    return lambda *args: _run(meth(*args))
 
 
 def _attr_fields(e):
@@ -86,14 +123,39 @@ def _split_timeout(t: float):
     return sec, int((t - sec) * _NS)
 
 
+_TIMEOUTS: dict[float, tuple[int, int]] = {}
+
+
+def _stat_fields(ino: int, st):
+    """``fuse_attr`` of an ``os.stat_result`` (``st[7:10]``: whole seconds, floored)."""
+    a_s, m_s, c_s = st[7], st[8], st[9]
+    return (ino, st.st_size, st.st_blocks, a_s, m_s, c_s, st.st_atime_ns - a_s * _NS,
+            st.st_mtime_ns - m_s * _NS, st.st_ctime_ns - c_s * _NS, st.st_mode,
+            st.st_nlink, st.st_uid, st.st_gid, st.st_rdev & 0xFFFFFFFF, st.st_blksize, 0)
+
+
+def _timeout(t: float) -> tuple[int, int]:
+    split = _TIMEOUTS.get(t)
+    if split is None:
+        split = _TIMEOUTS[t] = _split_timeout(t)
+    return split
+
+
 def pack_entry(e) -> bytes:
-    """``fuse_entry_out`` of an ``EntryAttributes`` (``st_ino`` 0: a cached miss)."""
+    """``fuse_entry_out`` of an ``EntryAttributes`` or ``StatAttr`` (``st_ino`` 0: a
+    cached miss)."""
+    if type(e) is StatAttr:
+        ts, tn = _timeout(e.entry_timeout)
+        return wire.ENTRY_OUT.pack(e.st_ino, 0, ts, ts, tn, tn, *_stat_fields(e.st_ino, e.st))
     es, en = _split_timeout(e.entry_timeout)
     as_, an = _split_timeout(e.attr_timeout)
     return wire.ENTRY_OUT.pack(e.st_ino, e.generation, es, as_, en, an, *_attr_fields(e))
 
 
 def pack_attr(e) -> bytes:
+    if type(e) is StatAttr:
+        ts, tn = _timeout(e.attr_timeout)
+        return wire.ATTR_OUT.pack(ts, tn, 0, *_stat_fields(e.st_ino, e.st))
     as_, an = _split_timeout(e.attr_timeout)
     return wire.ATTR_OUT.pack(as_, an, 0, *_attr_fields(e))
 
@@ -137,6 +199,9 @@ class Dispatcher:
     def __init__(self, session):
         self.session = session
         self.ops = session.ops
+        self.ops.stat_attrs = True  # attributes as StatAttr: packed from the stat here
+        for name in _HANDLERS:      # bound once: no coroutine, no lookup per request
+            setattr(self, "do_" + name, _direct(self.ops, name))
         self.fd = session.fd
         self.flags = session.flags
         table = [None] * 64
@@ -148,12 +213,17 @@ class Dispatcher:
         self.listings: dict[int, int] = {}     # nodeid → fh, NO_OPENDIR listings
         self.backing = BackingFiles(self.fd) if self.flags & wire.PASSTHROUGH else None
         self.counts = [0] * 64      # requests per opcode
+        self.times = [0] * 64       # ns spent per opcode (REWINDFS_FUSE_TIMES=1 only)
+        self.times_on = os.environ.get("REWINDFS_FUSE_TIMES") == "1"
+        if self.times_on:
+            self.handle = self._handle_timed
+            self._replied = 0
 
     def close(self) -> None:
         if self.backing is not None:
             self.backing.close()
         for fh in self.listings.values():
-            _run(self.ops.releasedir(fh))
+            self.do_releasedir(fh)
         self.listings.clear()
 
     # -- the per-request path -----------------------------------------------------------
@@ -181,7 +251,19 @@ class Dispatcher:
             if opcode not in self.no_reply:
                 self.error(unique, errno.EIO)
 
+    def _handle_timed(self, n: int) -> None:
+        """``handle``, adding the time each request takes (parse, handler, reply) to
+        ``times`` by opcode: a profile per opcode without a profiler's overhead."""
+        t0 = time.perf_counter_ns()
+        self._replied = 0
+        Dispatcher.handle(self, n)
+        opcode = wire.IN_HEADER.unpack_from(self.session._buf)[1]
+        if opcode < 64:     # up to the reply: the reply's write may run the caller first
+            self.times[opcode] += (self._replied or time.perf_counter_ns()) - t0
+
     def reply(self, unique: int, payload=b"") -> None:
+        if self.times_on:
+            self._replied = time.perf_counter_ns()
         try:
             os.writev(self.fd, [wire.OUT_HEADER.pack(16 + len(payload), 0, unique), payload])
         except OSError as exc:
@@ -189,6 +271,8 @@ class Dispatcher:
                 raise
 
     def error(self, unique: int, err: int) -> None:
+        if self.times_on:
+            self._replied = time.perf_counter_ns()
         try:
             os.write(self.fd, wire.OUT_HEADER.pack(16, -err, unique))
         except OSError as exc:
@@ -198,7 +282,7 @@ class Dispatcher:
     # -- entries and attributes -----------------------------------------------------
 
     def lookup(self, unique, nodeid, ctx, body):
-        self.reply(unique, pack_entry(_run(self.ops.lookup(nodeid, bytes(body[:-1]), ctx))))
+        self.reply(unique, pack_entry(self.do_lookup(nodeid, bytes(body[:-1]), ctx)))
 
     def forget(self, unique, nodeid, ctx, body):
         self._forget([(nodeid, wire.U64.unpack_from(body)[0])])
@@ -211,40 +295,36 @@ class Dispatcher:
         if self.backing is not None and self.backing.idle:
             for nodeid, _ in items:
                 self.backing.forget(nodeid)
-        _run(self.ops.forget(items))
+        self.do_forget(items)
 
     def getattr(self, unique, nodeid, ctx, body):
-        self.reply(unique, pack_attr(_run(self.ops.getattr(nodeid, ctx))))
+        self.reply(unique, pack_attr(self.do_getattr(nodeid, ctx)))
 
     def setattr(self, unique, nodeid, ctx, body):
         (valid, _, fh, size, _, atime, mtime, ctime, atimens, mtimens, ctimens, mode, _,
          uid, gid, _) = wire.SETATTR_IN.unpack_from(body)
-        attr = pyfuse3.EntryAttributes()
         now = time.time_ns() if valid & (wire.FATTR_ATIME_NOW | wire.FATTR_MTIME_NOW) else 0
-        attr.st_size = size
-        attr.st_mode = mode
-        attr.st_uid = uid
-        attr.st_gid = gid
-        attr.st_atime_ns = now if valid & wire.FATTR_ATIME_NOW else atime * _NS + atimens
-        attr.st_mtime_ns = now if valid & wire.FATTR_MTIME_NOW else mtime * _NS + mtimens
-        attr.st_ctime_ns = ctime * _NS + ctimens
+        attr = NewAttrs(size, mode, uid, gid,
+                        now if valid & wire.FATTR_ATIME_NOW else atime * _NS + atimens,
+                        now if valid & wire.FATTR_MTIME_NOW else mtime * _NS + mtimens,
+                        ctime * _NS + ctimens)
         fields = Fields(valid)
-        e = _run(self.ops.setattr(nodeid, attr, fields, fh if valid & wire.FATTR_FH else None,
-                                  ctx))
+        e = self.do_setattr(nodeid, attr, fields, fh if valid & wire.FATTR_FH else None,
+                                  ctx)
         self.reply(unique, pack_attr(e))
 
     def readlink(self, unique, nodeid, ctx, body):
-        self.reply(unique, _run(self.ops.readlink(nodeid, ctx)))
+        self.reply(unique, self.do_readlink(nodeid, ctx))
 
     def statfs(self, unique, nodeid, ctx, body):
-        s = _run(self.ops.statfs(ctx))
+        s = self.do_statfs(ctx)
         self.reply(unique, wire.STATFS_OUT.pack(s.f_blocks, s.f_bfree, s.f_bavail, s.f_files,
                                                 s.f_ffree, s.f_bsize, s.f_namemax,
                                                 s.f_frsize, 0))
 
     def access(self, unique, nodeid, ctx, body):
         mask = wire.U32_PAIR.unpack_from(body)[0]
-        if not _run(self.ops.access(nodeid, mask, ctx)):
+        if not self.do_access(nodeid, mask, ctx):
             raise FUSEError(errno.EACCES)
         self.reply(unique)
 
@@ -254,41 +334,41 @@ class Dispatcher:
         mode, rdev, umask, _ = wire.MKNOD_IN.unpack_from(body)
         ctx.umask = umask
         name = bytes(body[16:-1])
-        self.reply(unique, pack_entry(_run(self.ops.mknod(nodeid, name, mode, rdev, ctx))))
+        self.reply(unique, pack_entry(self.do_mknod(nodeid, name, mode, rdev, ctx)))
 
     def mkdir(self, unique, nodeid, ctx, body):
         mode, umask = wire.U32_PAIR.unpack_from(body)
         ctx.umask = umask
         name = bytes(body[8:-1])
-        self.reply(unique, pack_entry(_run(self.ops.mkdir(nodeid, name, mode, ctx))))
+        self.reply(unique, pack_entry(self.do_mkdir(nodeid, name, mode, ctx)))
 
     def symlink(self, unique, nodeid, ctx, body):
         name, target, _ = bytes(body).split(b"\0", 2)
-        self.reply(unique, pack_entry(_run(self.ops.symlink(nodeid, name, target, ctx))))
+        self.reply(unique, pack_entry(self.do_symlink(nodeid, name, target, ctx)))
 
     def link(self, unique, nodeid, ctx, body):
         old = wire.U64.unpack_from(body)[0]
         name = bytes(body[8:-1])
-        self.reply(unique, pack_entry(_run(self.ops.link(old, nodeid, name, ctx))))
+        self.reply(unique, pack_entry(self.do_link(old, nodeid, name, ctx)))
 
     def unlink(self, unique, nodeid, ctx, body):
-        _run(self.ops.unlink(nodeid, bytes(body[:-1]), ctx))
+        self.do_unlink(nodeid, bytes(body[:-1]), ctx)
         self.reply(unique)
 
     def rmdir(self, unique, nodeid, ctx, body):
-        _run(self.ops.rmdir(nodeid, bytes(body[:-1]), ctx))
+        self.do_rmdir(nodeid, bytes(body[:-1]), ctx)
         self.reply(unique)
 
     def rename(self, unique, nodeid, ctx, body):
         newdir = wire.U64.unpack_from(body)[0]
         old, new, _ = bytes(body[8:]).split(b"\0", 2)
-        _run(self.ops.rename(nodeid, old, newdir, new, 0, ctx))
+        self.do_rename(nodeid, old, newdir, new, 0, ctx)
         self.reply(unique)
 
     def rename2(self, unique, nodeid, ctx, body):
         newdir, flags, _ = wire.RENAME2_IN.unpack_from(body)
         old, new, _ = bytes(body[16:]).split(b"\0", 2)
-        _run(self.ops.rename(nodeid, old, newdir, new, flags, ctx))
+        self.do_rename(nodeid, old, newdir, new, flags, ctx)
         self.reply(unique)
 
     # -- files ----------------------------------------------------------------------
@@ -328,13 +408,13 @@ class Dispatcher:
             return found
         except BaseException:
             self.backing.release(fh)
-            _run(self.ops.release(fh))
+            self.do_release(fh)
             raise
 
     def open(self, unique, nodeid, ctx, body):
         flags, open_flags = wire.U32_PAIR.unpack_from(body)
         ctx.kill_suidgid = bool(open_flags & wire.OPEN_KILL_SUIDGID)
-        fi = _run(self.ops.open(nodeid, flags, ctx))
+        fi = self.do_open(nodeid, flags, ctx)
         self.reply(unique, self._open_out(fi, nodeid, flags))
 
     def create(self, unique, nodeid, ctx, body):
@@ -342,40 +422,40 @@ class Dispatcher:
         ctx.umask = umask
         ctx.kill_suidgid = bool(open_flags & wire.OPEN_KILL_SUIDGID)
         name = bytes(body[16:-1])
-        fi, e = _run(self.ops.create(nodeid, name, mode, flags, ctx))
+        fi, e = self.do_create(nodeid, name, mode, flags, ctx)
         self.reply(unique, pack_entry(e) + self._open_out(fi, e.st_ino, flags))
 
     def read(self, unique, nodeid, ctx, body):
         fh, off, size, *_ = wire.RW_IN.unpack_from(body)
-        self.reply(unique, _run(self.ops.read(fh, off, size)))
+        self.reply(unique, self.do_read(fh, off, size))
 
     def write(self, unique, nodeid, ctx, body):
         fh, off, size, wflags, *_ = wire.RW_IN.unpack_from(body)
         if wflags & wire.WRITE_KILL_SUIDGID:
-            n = _run(self.ops.write(fh, off, body[40:40 + size], True))
+            n = self.do_write(fh, off, body[40:40 + size], True)
         else:
-            n = _run(self.ops.write(fh, off, body[40:40 + size]))
+            n = self.do_write(fh, off, body[40:40 + size])
         self.reply(unique, wire.U32_PAIR.pack(n, 0))
 
     def flush(self, unique, nodeid, ctx, body):
-        _run(self.ops.flush(wire.U64.unpack_from(body)[0]))
+        self.do_flush(wire.U64.unpack_from(body)[0])
         self.reply(unique)
 
     def release(self, unique, nodeid, ctx, body):
         fh = wire.RELEASE_IN.unpack_from(body)[0]
         if self.backing is not None:
             self.backing.release(fh)
-        _run(self.ops.release(fh))
+        self.do_release(fh)
         self.reply(unique)
 
     def fsync(self, unique, nodeid, ctx, body):
         fh, flags, _ = wire.FSYNC_IN.unpack_from(body)
-        _run(self.ops.fsync(fh, bool(flags & wire.FSYNC_FDATASYNC)))
+        self.do_fsync(fh, bool(flags & wire.FSYNC_FDATASYNC))
         self.reply(unique)
 
     def fallocate(self, unique, nodeid, ctx, body):
         fh, off, length, mode, _ = wire.FALLOCATE_IN.unpack_from(body)
-        _run(self.ops.fallocate(fh, mode, off, length))
+        self.do_fallocate(fh, mode, off, length)
         self.reply(unique)
 
     def copy_file_range(self, unique, nodeid, ctx, body):
@@ -388,7 +468,7 @@ class Dispatcher:
         fh_in, off_in, _, fh_out, off_out, length, flags = wire.COPY_RANGE_IN.unpack_from(body)
         if limit is not None:
             length = min(length, limit)
-        n = _run(self.ops.copy_file_range(fh_in, off_in, fh_out, off_out, length, flags))
+        n = self.do_copy_file_range(fh_in, off_in, fh_out, off_out, length, flags)
         self.reply(unique, out.pack(n, 0) if out is wire.U32_PAIR else out.pack(n))
 
     # -- directories --------------------------------------------------------------------
@@ -405,7 +485,7 @@ class Dispatcher:
     def opendir(self, unique, nodeid, ctx, body):
         if self.no_opendir:
             raise FUSEError(errno.ENOSYS)
-        fh = _run(self.ops.opendir(nodeid, ctx))
+        fh = self.do_opendir(nodeid, ctx)
         self.reply(unique, wire.OPEN_OUT.pack(fh, 0, 0))
 
     def readdir(self, unique, nodeid, ctx, body):
@@ -420,9 +500,9 @@ class Dispatcher:
         own = fh == 0 and self.no_opendir
         if own:
             fh = self._listing(nodeid, off, ctx)
-        _run(self.ops.readdir(fh, off, token))
+        self.do_readdir(fh, off, token)
         if token.inos:   # plain READDIR entries are no lookups: give the counts back
-            _run(self.ops.forget([(ino, 1) for ino in token.inos]))
+            self.do_forget([(ino, 1) for ino in token.inos])
         if own and not token.parts:
             self._end_listing(nodeid)
         self.reply(unique, b"".join(token.parts))
@@ -430,37 +510,37 @@ class Dispatcher:
     def _listing(self, nodeid: int, off: int, ctx) -> int:
         fh = self.listings.pop(nodeid, None)
         if fh is not None and off == 0:
-            _run(self.ops.releasedir(fh))
+            self.do_releasedir(fh)
             fh = None
         if fh is None:
-            fh = _run(self.ops.opendir(nodeid, ctx))
+            fh = self.do_opendir(nodeid, ctx)
             while len(self.listings) >= self._LISTINGS:
                 oldest = next(iter(self.listings))
-                _run(self.ops.releasedir(self.listings.pop(oldest)))
+                self.do_releasedir(self.listings.pop(oldest))
         self.listings[nodeid] = fh     # the most recent last
         return fh
 
     def _end_listing(self, nodeid: int) -> None:
         fh = self.listings.pop(nodeid, None)
         if fh is not None:
-            _run(self.ops.releasedir(fh))
+            self.do_releasedir(fh)
 
     def releasedir(self, unique, nodeid, ctx, body):
         fh = wire.RELEASE_IN.unpack_from(body)[0]
         if fh or not self.no_opendir:
-            _run(self.ops.releasedir(fh))
+            self.do_releasedir(fh)
         self.reply(unique)
 
     def fsyncdir(self, unique, nodeid, ctx, body):
         fh, flags, _ = wire.FSYNC_IN.unpack_from(body)
         own = fh == 0 and self.no_opendir
         if own:
-            fh = _run(self.ops.opendir(nodeid, ctx))
+            fh = self.do_opendir(nodeid, ctx)
         try:
-            _run(self.ops.fsyncdir(fh, bool(flags & wire.FSYNC_FDATASYNC)))
+            self.do_fsyncdir(fh, bool(flags & wire.FSYNC_FDATASYNC))
         finally:
             if own:
-                _run(self.ops.releasedir(fh))
+                self.do_releasedir(fh)
         self.reply(unique)
 
     # -- xattrs -------------------------------------------------------------------------
@@ -476,11 +556,11 @@ class Dispatcher:
 
     def getxattr(self, unique, nodeid, ctx, body):
         size = wire.U32_PAIR.unpack_from(body)[0]
-        self._sized(unique, size, _run(self.ops.getxattr(nodeid, bytes(body[8:-1]), ctx)))
+        self._sized(unique, size, self.do_getxattr(nodeid, bytes(body[8:-1]), ctx))
 
     def listxattr(self, unique, nodeid, ctx, body):
         size = wire.U32_PAIR.unpack_from(body)[0]
-        names = _run(self.ops.listxattr(nodeid, ctx))
+        names = self.do_listxattr(nodeid, ctx)
         self._sized(unique, size, b"".join(n + b"\0" for n in names))
 
     def setxattr(self, unique, nodeid, ctx, body):
@@ -490,7 +570,7 @@ class Dispatcher:
         value = value[:size]
         if flags & (_XATTR_CREATE | _XATTR_REPLACE):   # as pyfuse3 does it
             try:
-                _run(self.ops.getxattr(nodeid, name, ctx))
+                self.do_getxattr(nodeid, name, ctx)
                 exists = True
             except FUSEError as exc:
                 if exc.errno != pyfuse3.ENOATTR:
@@ -500,11 +580,11 @@ class Dispatcher:
                 raise FUSEError(errno.EEXIST)
             if flags & _XATTR_REPLACE and not exists:
                 raise FUSEError(pyfuse3.ENOATTR)
-        _run(self.ops.setxattr(nodeid, name, value, ctx))
+        self.do_setxattr(nodeid, name, value, ctx)
         self.reply(unique)
 
     def removexattr(self, unique, nodeid, ctx, body):
-        _run(self.ops.removexattr(nodeid, bytes(body[:-1]), ctx))
+        self.do_removexattr(nodeid, bytes(body[:-1]), ctx)
         self.reply(unique)
 
     # -- the rest -------------------------------------------------------------------------

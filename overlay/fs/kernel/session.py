@@ -6,13 +6,13 @@ request loop on the trio thread; ``close()`` unmounts and closes the fd.  Reques
 reach the very handlers the libfuse session calls (``fs.ops.RewindOperations``), with
 pyfuse3's types — ``dispatch.Dispatcher`` does the translation.
 
-The loop is lean on purpose (docs/benchmarks.md): the fd is non-blocking; a request
-is read with one ``readv`` into a reused buffer, dispatched, answered with one
-``writev``; ``poll`` on trio's own epoll fd says whether another task (the control
-socket, a worker thread's result) waits, and only then — or every ``_FAIR_EVERY``
-requests, for timers — does the loop pass a trio checkpoint.  With no request queued
-it first waits up to ``_IDLE_MS`` in ``poll`` on both fds (``_idle_waiter``), and only
-then parks in ``trio.lowlevel.wait_readable``.  Handlers never await (docs/concurrency.md), so one
+The loop is lean on purpose (docs/benchmarks.md): the fd is non-blocking; one
+``poll`` on it and on trio's own epoll fd waits for the next request (at once when one
+is queued, at most ``_IDLE_MS``, then the loop parks in ``trio.lowlevel.wait_readable``)
+and says whether another task (the control socket, a worker thread's result) waits —
+only then, or every ``_FAIR_EVERY`` requests for timers, does the loop pass a trio
+checkpoint; the request is read with one ``readv`` into a reused buffer, dispatched to
+the handler's plain-function twin, answered with one write.  Handlers never await (docs/concurrency.md), so one
 request runs to completion before the next is read, as with the libfuse session.
 """
 
@@ -152,10 +152,26 @@ class KernelSession:
     # -- the request loop ---------------------------------------------------------------
 
     async def serve(self, ended) -> None:
-        """Serve requests until the kernel ends the session; then ``ended()``."""
+        """Serve requests until the kernel ends the session; then ``ended()``.
+        ``REWINDFS_FUSE_CPROFILE=FILE``: profile the loop (cProfile) into FILE."""
+        out = os.environ.get("REWINDFS_FUSE_CPROFILE")
+        if not out:
+            return await self._serve(ended)
+        import cProfile
+        prof = cProfile.Profile()
+        prof.enable()
+        try:
+            return await self._serve(ended)
+        finally:
+            prof.disable()
+            prof.dump_stats(out)
+
+    async def _serve(self, ended) -> None:
+        others, runq = trio_internals()
+        if others is not None:
+            return await self._serve_polled(ended, others, runq)
         fd, buf = self.fd, self._buf
         readv, handle = os.readv, self.dispatch.handle
-        others, runq = trio_internals()
         poll = _poller(others)
         idle = _idle_waiter(fd, others)
         countdown = _FAIR_EVERY
@@ -183,10 +199,59 @@ class KernelSession:
         finally:
             ended()
 
+    async def _serve_polled(self, ended, others: int, runq) -> None:
+        """The loop when trio's epoll fd is known: one ``poll`` on both fds per request
+        (it returns at once when a request is queued, else sleeps up to ``_IDLE_MS``),
+        then one ``readv`` — two syscalls and no exception per request, where reading
+        first cost a failing ``readv`` and two ``poll``s whenever the caller waits for
+        each reply.  Trio gets a checkpoint whenever its epoll fd is ready or a task is
+        runnable (checked before every request), and every ``_FAIR_EVERY`` requests;
+        after ``_IDLE_MS`` without a request the loop parks in ``wait_readable``."""
+        fd, buf = self.fd, self._buf
+        readv, handle = os.readv, self.dispatch.handle
+        p = select.poll()
+        p.register(fd, select.POLLIN)
+        p.register(others, select.POLLIN)
+        wait = p.poll
+        countdown = _FAIR_EVERY
+        try:
+            while True:
+                ready = wait(_IDLE_MS)
+                if not ready:
+                    countdown = _FAIR_EVERY
+                    await trio.lowlevel.wait_readable(fd)
+                elif runq or len(ready) > 1 or ready[0][0] != fd:
+                    countdown = _FAIR_EVERY
+                    await trio.lowlevel.checkpoint()     # trio's turn first
+                    if ready[0][0] != fd and (len(ready) == 1 or ready[1][0] != fd):
+                        continue
+                try:
+                    n = readv(fd, [buf])
+                except BlockingIOError:
+                    continue
+                except OSError as exc:
+                    if exc.errno == errno.ENODEV:      # unmounted: the session is over
+                        return
+                    if exc.errno in (errno.ENOENT, errno.EINTR):   # aborted request
+                        continue
+                    raise
+                handle(n)
+                countdown -= 1
+                if countdown <= 0:
+                    countdown = _FAIR_EVERY
+                    await trio.lowlevel.checkpoint()
+        finally:
+            ended()
+
     def request_counts(self) -> dict[str, int]:
         """Requests served so far, by opcode name (``wire``'s names, lower case)."""
         counts = self.dispatch.counts if self.dispatch is not None else []
         return {wire.OPCODE_NAMES.get(op, str(op)): n for op, n in enumerate(counts) if n}
+
+    def request_times(self) -> dict[str, int]:
+        """Nanoseconds spent per opcode (only with ``REWINDFS_FUSE_TIMES=1``; else {})."""
+        times = self.dispatch.times if self.dispatch is not None else []
+        return {wire.OPCODE_NAMES.get(op, str(op)): ns for op, ns in enumerate(times) if ns}
 
     # -- replies and notifications ----------------------------------------------------
 
