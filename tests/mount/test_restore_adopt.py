@@ -201,7 +201,7 @@ def test_landing_failure_after_adopt_unshares_the_blob(hist):
     e1, old, new = big_history(hist)
     target = dict(hist.store.journal(hist.ws, e1))[b"big.bin"].blob
     with open(hist.store.blobs.file_path(target), "r+b") as f:
-        f.write(b"X")
+        f.write(bytes([old[0] ^ 0xFF]))    # a byte that surely differs (old is random)
     fence = Fence()
     res = apply_plan(hist.fd, hist.store, hist.ws,
                      plan_rewind(hist.fd, hist.store, hist.ws, f"e{e1}"), session=None,
