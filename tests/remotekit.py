@@ -19,6 +19,7 @@ import os
 
 import pytest
 from s3server import BUCKET, KEY, SECRET, S3Server, rclone_binary  # noqa: F401  (re-exported)
+from restorekit import open_history
 from treesnap import exact
 
 from rewindfs.overlay.cli import main
@@ -107,3 +108,13 @@ def build_history(h, expected: dict) -> None:
 def new_dir(path):
     path.mkdir()
     return path
+
+
+def pushed_history(capsys, s3, where, expected: dict) -> tuple[str, str]:
+    """``build_history`` in a new workspace at *where* (``expected`` gets its trees),
+    remote ``origin`` added and pushed: (the store's path, the remote workspace id)."""
+    with open_history(new_dir(where)) as h:
+        build_history(h, expected)
+        store = str(h.store.path)
+        add_origin(capsys, store, s3)
+        return store, push_done(capsys, store, h.root.decode())["workspace"]

@@ -14,7 +14,7 @@ import os
 
 import pytest
 from remotekit import (add_origin, build_history, cli, new_dir, push_done,  # noqa: F401
-                       s3)  # s3: the fixture
+                       pushed_history, s3)  # s3: the fixture
 from restorekit import open_history
 from store_fixtures import assert_sound
 from treesnap import compare, exact
@@ -27,12 +27,8 @@ from rewindfs.store.remote import RemoteConfig, open_backend
 def pushed(s3, tmp_path, capsys):
     """A's history pushed: (expected trees by epoch, the remote workspace id)."""
     expected: dict[int, object] = {}
-    with open_history(new_dir(tmp_path / "a")) as h:
-        build_history(h, expected)
-        store_a = str(h.store.path)
-        add_origin(capsys, store_a, s3)
-        ws_id = push_done(capsys, store_a, h.root.decode())["workspace"]
-        a_txt = (tmp_path / "a" / "ws" / "a.txt").read_bytes()
+    _store, ws_id = pushed_history(capsys, s3, tmp_path / "a", expected)
+    a_txt = (tmp_path / "a" / "ws" / "a.txt").read_bytes()
     return expected, ws_id, a_txt
 
 

@@ -12,7 +12,7 @@ symlinks, xattrs, device numbers, link structure).
 from __future__ import annotations
 
 from remotekit import (add_origin, build_history, cli, new_dir, push_done,  # noqa: F401
-                       s3)  # s3: the fixture
+                       pushed_history, s3)  # s3: the fixture
 from restorekit import open_history
 from store_fixtures import assert_sound
 from treesnap import compare, exact
@@ -71,11 +71,7 @@ def test_every_point_restores_byte_exact_on_a_fresh_store(s3, tmp_path, capsys):
 
 def test_restored_history_rewinds_and_redoes(s3, tmp_path, capsys):
     expected: dict[int, object] = {}
-    with open_history(new_dir(tmp_path / "a")) as h:
-        build_history(h, expected)
-        store_a = str(h.store.path)
-        add_origin(capsys, store_a, s3)
-        ws_id = push_done(capsys, store_a, h.root.decode())["workspace"]
+    _store, ws_id = pushed_history(capsys, s3, tmp_path / "a", expected)
     m = tmp_path / "m"
     m.mkdir()
     add_origin(capsys, m / "store", s3)

@@ -186,11 +186,9 @@ class KernelSession:
                     await trio.lowlevel.wait_readable(fd)
                     continue
                 except OSError as exc:
-                    if exc.errno == errno.ENODEV:      # unmounted: the session is over
-                        return
-                    if exc.errno in (errno.ENOENT, errno.EINTR):   # aborted request
+                    if _goes_on(exc):
                         continue
-                    raise
+                    return
                 handle(n)
                 countdown -= 1
                 if countdown <= 0 or runq or poll():
@@ -230,11 +228,9 @@ class KernelSession:
                 except BlockingIOError:
                     continue
                 except OSError as exc:
-                    if exc.errno == errno.ENODEV:      # unmounted: the session is over
-                        return
-                    if exc.errno in (errno.ENOENT, errno.EINTR):   # aborted request
+                    if _goes_on(exc):
                         continue
-                    raise
+                    return
                 handle(n)
                 countdown -= 1
                 if countdown <= 0:
@@ -328,3 +324,14 @@ def _poller(fd):
     p = select.poll()
     p.register(fd, select.POLLIN)
     return lambda: bool(p.poll(0))
+
+
+def _goes_on(exc: OSError) -> bool:
+    """After a failed read of ``/dev/fuse``: True to read the next request (this one
+    was aborted: ``ENOENT``, or ``EINTR``), False when the session is over (``ENODEV``:
+    unmounted); any other error is raised."""
+    if exc.errno == errno.ENODEV:
+        return False
+    if exc.errno in (errno.ENOENT, errno.EINTR):
+        return True
+    raise exc
