@@ -158,9 +158,8 @@ class RewindOperations(pyfuse3.Operations):
     # are captured at open() and turn marks flush dirty pages first: docs/concurrency.md.
     enable_writeback_cache = False
     # Set by the kernel-direct session when it negotiated passthrough (then never the
-    # writeback cache): read-only opens go to the real file without us, opens that can
-    # write are direct I/O through the handlers — except a writer of a file a reader
-    # holds passed through, whose writes never reach us (``passthrough_writer``):
+    # writeback cache): every open goes to the real file without us, so the writes of
+    # a handle that can write never reach us (``passthrough_writer``):
     # docs/concurrency.md.
     passthrough = False
     # Set by the kernel-direct session: ``_attr`` answers a ``StatAttr`` (fs/attrs.py)
@@ -220,9 +219,19 @@ class RewindOperations(pyfuse3.Operations):
     def passthrough_writer(self, fh: int) -> None:
         """Handle *fh* can write and is passed through: its writes will not reach us.
         Its file is captured now (a failure fails the open) and again at every epoch
-        change while the handle stays open (``set_epoch``)."""
+        change while the handle stays open (``set_epoch``).  An ``O_SYNC``/``O_DSYNC``
+        handle's writes are durable when they return, and no ``FSYNC`` tells us first:
+        the pre-image is synced here (invariant 12)."""
         self._guard_node(self.handles[fh])
+        if fh in self.sync_handles:
+            self.store.sync()
         self.pt_writers.add(fh)
+
+    def setid_file(self, fh: int) -> bool:
+        """True if a write by a caller without ``CAP_FSETID`` would drop set-id bits
+        of *fh*'s file (set-user-ID, or set-group-ID with group execute)."""
+        mode = os.fstat(fh).st_mode
+        return bool(mode & (stat.S_ISUID | (stat.S_ISGID if mode & stat.S_IXGRP else 0)))
 
     def _capture_passthrough_writers(self) -> None:
         """Pre-images, in the new epoch, of the files passed-through writers hold.  A
@@ -234,15 +243,6 @@ class RewindOperations(pyfuse3.Operations):
             except FUSEError as exc:
                 log.warning("capture at the epoch change of a file written through "
                             "passthrough failed (%s)", os.strerror(exc.errno))
-
-    def writable(self, fh: int) -> bool:
-        """True if some open handle can write to the real file of handle *fh* (this one
-        included): then the kernel session passes no open of that file through."""
-        node = self.handles.get(fh)
-        if node is None:
-            return False
-        return any(fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE != os.O_RDONLY
-                   for fd in node.handles)
 
     def epoch_changed(self) -> None:
         """Reload the current epoch from the store (after a rewind or turn mark); a

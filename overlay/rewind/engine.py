@@ -296,10 +296,39 @@ def plan_redo(root_fd: int, store, ws: int, *, session: str | None = None,
     ``NothingToRedo`` on an empty stack; ``RedoStale`` if the tree changed since that
     rewind (the redo would undo those changes too), unless ``force``."""
     rewind, stale = store.redo_target(ws, session)
-    if stale and not force:
+    if stale and not force and _changed_since(root_fd, store, ws, stale[0].id, rules):
         raise RedoStale.of(rewind, stale, store.paths_changed_by(ws, stale))
     plan = plan_rewind(root_fd, store, ws, f"e{rewind.id}", rules=rules)
     return dataclasses.replace(plan, kind="redo", owner=rewind.session, undid=rewind.id)
+
+
+def _changed_since(root_fd: int, store, ws: int, epoch_id: int, rules) -> bool:
+    """True if the tree differs from point ``e<epoch_id>`` in more than modification
+    times: the paths touched since were not all put back as they were (an edit saved
+    back, a scratch file made and removed, a file held open for writing across marks
+    and recaptured at each).  Only then would a redo discard a change."""
+    plan = plan_rewind(root_fd, store, ws, f"e{epoch_id}", rules=rules)
+    metas = [item.action for item in plan.items if item.change == "meta"]
+    if any(item.change not in ("unchanged", "ignored", "meta") for item in plan.items):
+        return True
+    dirs = _dir_cache(root_fd)
+    try:
+        return not all(_only_times_differ(dirs, action) for action in metas)
+    finally:
+        dirs.close()
+
+
+def _only_times_differ(dirs: DirCache, action) -> bool:
+    """The entry at ``action.path`` matches its image in all metadata but the mtime."""
+    try:
+        dir_fd, name = dirs.parent(action.path)
+    except (OSError, RewindfsError):
+        return False
+    st = meta.lstat_at(dir_fd, name)
+    if st is None:
+        return False
+    img = dataclasses.replace(action.image, mtime_ns=st.st_mtime_ns)
+    return meta.meta_equal(img, st, meta.xattrs_at(dir_fd, name))
 
 
 # -- applying -----------------------------------------------------------------------

@@ -12,6 +12,7 @@ bound itself — files and directories the workspace's users hold open through t
 | the inode table's directory fds (``fs.inodes.InodeTable``, LRU) | 1/4 | 4096 |
 | a restore run's directory fds (``tree.walk.DirCache``) | 1/4 | 4096 |
 | a restore run's batch of files to store (``capture._ContentBatch``) | 1/16 | 256 |
+| passthrough backing files kept after their last close (``fs.kernel.backing``) | 1/32 | 256 |
 
 The inode table and a restore run can be busy at the same time (a rewind runs in a
 worker thread while FUSE requests are served), hence the sum.  When fds run out anyway

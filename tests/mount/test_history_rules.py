@@ -149,6 +149,30 @@ def test_a_stale_redo_is_refused_naming_the_changes_and_forced_discards_them(m):
     assert kinds.count("redo") == 1 and kinds.count("rewind") == 1
 
 
+def test_changes_after_the_rewind_that_were_put_back_do_not_block_redo(m):
+    """An editor that saved a file and then saved its old text again, a build that
+    rewrote an output with the same bytes, a file held open for writing across the
+    rewind: the paths were touched after the rewind, but the tree is as the rewind left
+    it, so the redo discards nothing and goes ahead (as ``jj``'s no-op changes do)."""
+    turn(m, "s1", 1, "one", {"a": "1"})
+    turn(m, "s1", 2, "two", {"a": "2"})
+    assert run(m, "rewind", "2").returncode == 0
+    assert files(m.ws) == {"a": "1"}
+    (m.ws / "a").write_text("an edit after the rewind")
+    (m.ws / "a").write_text("1")                       # ... saved back as it was
+    (m.ws / "tmp").write_text("a scratch file")
+    (m.ws / "tmp").unlink()
+    res = run(m, "redo")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert files(m.ws) == {"a": "2"}
+    # a change that stays is still one: refused, naming it
+    assert run(m, "rewind", "2").returncode == 0
+    (m.ws / "a").write_text("kept")
+    res = run(m, "redo")
+    assert res.returncode == 2 and "1 path would be overwritten" in res.stderr, res.stderr
+    assert files(m.ws) == {"a": "kept"}
+
+
 def test_the_agent_api_follows_the_same_rules_and_codes(m):
     from rewindfs.plugin import Rewindfs, RewindfsClientError
 

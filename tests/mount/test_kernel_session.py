@@ -247,6 +247,33 @@ def test_passthrough_mount_reads_and_writes(tmp_path):
     assert (ws / "g").read_bytes() == b"new file"
 
 
+def test_passthrough_writers_send_no_write_to_the_daemon(tmp_path):
+    """On a passthrough mount a file opened for writing is passed through too (the
+    kernel writes the real file): a burst of writes costs no WRITE request.  The file
+    is still captured at open, so rewinding the turn gives the content before it."""
+    ws, store = tmp_path / "ws", tmp_path / "store"
+    ws.mkdir()
+    (ws / "db").write_bytes(b"\0" * MiB)
+    with mounted(ws, store, extra=KERNEL, env=PASSTHROUGH) as m:
+        e1 = m.call("turn.begin", session="s", turn=1, label="writes")["epoch"]
+        before = m.call("status")["fs"]["requests"].get("write", 0)
+        fd = os.open(ws / "db", os.O_RDWR)
+        try:
+            for i in range(256):
+                os.pwrite(fd, b"%04d" % i * 1024, (i * 4096) % MiB)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        with open(ws / "new", "wb") as fh:
+            fh.write(b"n" * 100_000)
+        assert m.call("status")["fs"]["requests"].get("write", 0) == before
+        m.call("turn.end")
+        res = m.call("rewind", to=f"e{e1}")
+        assert res["failed"] == [], res["failed"]
+        assert (ws / "db").read_bytes() == b"\0" * MiB
+        assert not (ws / "new").exists()
+
+
 @pytest.mark.parametrize("reader", [False, True], ids=["alone", "with-a-reader"])
 def test_passthrough_file_held_open_across_turn_marks_rewinds_to_each_mark(tmp_path, reader):
     """A file held open for writing across turn marks: rewinding to a mark gives the

@@ -10,7 +10,9 @@ the last RELEASE closes the id (``FUSE_DEV_IOC_BACKING_CLOSE``).
 The backing file is opened read-write when it can be (as root, whoever opens), so a
 writer arriving while a reader holds the inode can share the id; where it cannot (a
 running executable: ``ETXTBSY``; a read-only file system) it is read-only, and a writer
-of that inode meanwhile is refused with ``EBUSY``.
+of that inode meanwhile is refused with ``EBUSY``.  Opens the session serves as direct
+I/O instead (``Dispatcher._open_out``) are counted here too: while one is open, no
+backing id may appear for that inode.
 """
 
 from __future__ import annotations
@@ -21,12 +23,11 @@ import logging
 import os
 
 from rewindfs.overlay.fs.kernel import wire
+from rewindfs.overlay.tree.fdbudget import share
 
 log = logging.getLogger(__name__)
 
 __all__ = ["BackingFiles"]
-
-_IDLE_KEPT = 256     # backing ids kept after their inode's last release (fds: 256)
 
 
 class BackingFiles:
@@ -38,7 +39,24 @@ class BackingFiles:
         self.by_inode: dict[int, list] = {}    # nodeid → [backing id, count, fd, writable]
         self.by_fh: dict[int, int] = {}        # fh → nodeid, for RELEASE
         self.idle: dict[int, None] = {}        # nodeids whose opens all ended, oldest first
+        self.direct: dict[int, int] = {}       # nodeid → its open direct-I/O handles
+        self.direct_fh: dict[int, int] = {}    # direct-I/O fh → nodeid, for RELEASE
         self.failed = 0
+        # backing ids kept after their inode's last release, each an fd (fdbudget)
+        self.idle_limit = share(32, 256, 4)
+
+    def live(self, nodeid: int) -> bool:
+        """True while an open of *nodeid* is passed through."""
+        entry = self.by_inode.get(nodeid)
+        return entry is not None and entry[1] > 0
+
+    def held_direct(self, nodeid: int) -> bool:
+        return nodeid in self.direct
+
+    def add_direct(self, nodeid: int, fh: int) -> None:
+        """Open *fh* of *nodeid* is served as direct I/O (no backing id)."""
+        self.direct[nodeid] = self.direct.get(nodeid, 0) + 1
+        self.direct_fh[fh] = nodeid
 
     def acquire(self, nodeid: int, fh: int, writable: bool) -> int | None:
         """The backing id for a new open *fh* of *nodeid*, or None (the backing file
@@ -61,10 +79,10 @@ class BackingFiles:
     def _open(self, nodeid: int, fh: int):
         path = f"/proc/self/fd/{fh}"
         try:
-            bfd, writable = os.open(path, os.O_RDWR | os.O_CLOEXEC), True
+            bfd, writable = self._reopen(path, os.O_RDWR), True
         except OSError:
             try:
-                bfd, writable = os.open(path, os.O_RDONLY | os.O_CLOEXEC), False
+                bfd, writable = self._reopen(path, os.O_RDONLY), False
             except OSError:
                 return None
         try:
@@ -80,21 +98,44 @@ class BackingFiles:
         self.by_inode[nodeid] = entry
         return entry
 
+    def _reopen(self, path: str, mode: int) -> int:
+        """*path* opened in *mode*; out of fds, the idle backing files go first."""
+        try:
+            return os.open(path, mode | os.O_CLOEXEC)
+        except OSError as exc:
+            if exc.errno not in (errno.EMFILE, errno.ENFILE) or not self.idle:
+                raise
+        self.shed()
+        return os.open(path, mode | os.O_CLOEXEC)
+
+    def shed(self) -> None:
+        """Close every idle backing id (their fds are wanted elsewhere)."""
+        while self.idle:
+            self._close(self.by_inode.pop(self.idle.popitem()[0]))
+
     def release(self, fh: int) -> None:
         """The open *fh* ended.  An inode's id outlives its last open for a while (the
-        ``_IDLE_KEPT`` most recently released), so opening the same file again costs
+        ``idle_limit`` most recently released), so opening the same file again costs
         no new backing file; the oldest idle one is closed when more are idle."""
         nodeid = self.by_fh.pop(fh, None)
         if nodeid is None:
+            self._release_direct(fh)
             return
         entry = self.by_inode[nodeid]
         entry[1] -= 1
         if entry[1] <= 0:
             self.idle[nodeid] = None
-            while len(self.idle) > _IDLE_KEPT:
+            while len(self.idle) > self.idle_limit:
                 old = next(iter(self.idle))
                 del self.idle[old]
                 self._close(self.by_inode.pop(old))
+
+    def _release_direct(self, fh: int) -> None:
+        nodeid = self.direct_fh.pop(fh, None)
+        if nodeid is not None:
+            self.direct[nodeid] -= 1
+            if self.direct[nodeid] <= 0:
+                del self.direct[nodeid]
 
     def forget(self, nodeid: int) -> None:
         """The kernel forgot *nodeid*: an idle id of it goes now (the number may be
@@ -119,3 +160,5 @@ class BackingFiles:
         self.by_inode.clear()
         self.by_fh.clear()
         self.idle.clear()
+        self.direct.clear()
+        self.direct_fh.clear()

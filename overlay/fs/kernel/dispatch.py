@@ -374,22 +374,23 @@ class Dispatcher:
     # -- files ----------------------------------------------------------------------
 
     def _open_out(self, fi, nodeid: int, flags: int) -> bytes:
-        """``fuse_open_out``.  Under passthrough the kernel wants every open of an inode
-        that has a backing id to be passed through too (else EIO), so
-        (docs/concurrency.md): an open is passed through when the inode already has a
-        backing id, or when it is read-only and no handle can write the file; every
-        other open of a regular file is direct I/O through the daemon (its writes are
-        captured like any WRITE).  A writer passed through (a reader had the file
-        open) is captured now and at every epoch change (``ops.passthrough_writer``)."""
+        """``fuse_open_out``.  Under passthrough an open of a regular file is passed
+        through (docs/concurrency.md): the kernel reads and writes the real file, and
+        wants all opens of an inode on the same backing id while one is (else EIO).  A
+        writer's file is captured at open and again into every new epoch while it stays
+        open (``ops.passthrough_writer``), since its writes never reach us.  Direct I/O
+        through the daemon instead, while the inode has no backing id: a writer of a
+        set-id file (a passed-through write runs with the daemon's ``CAP_FSETID`` and
+        would keep the bits), an open when no backing file can be had (fds exhausted),
+        and every open of an inode a direct-I/O handle holds."""
         oflags = ((wire.FOPEN_KEEP_CACHE if fi.keep_cache else 0)
                   | (wire.FOPEN_DIRECT_IO if fi.direct_io else 0)
                   | (wire.FOPEN_NONSEEKABLE if fi.nonseekable else 0))
         backing_id = 0
         if self.backing is not None:
             writing = bool(flags & os.O_ACCMODE != os.O_RDONLY or flags & os.O_TRUNC)
-            shared = nodeid in self.backing.by_inode and nodeid not in self.backing.idle
-            if shared or not (writing or self.ops.writable(fi.fh)):
-                backing_id = self._pass_through(nodeid, fi.fh, writing)
+            backing_id = self._pass_through(nodeid, fi.fh, writing)
+            if backing_id:
                 oflags = (oflags & ~(wire.FOPEN_KEEP_CACHE | wire.FOPEN_DIRECT_IO)
                           | wire.FOPEN_PASSTHROUGH)
             else:
@@ -397,12 +398,18 @@ class Dispatcher:
         return wire.OPEN_OUT.pack(fi.fh, oflags, backing_id)
 
     def _pass_through(self, nodeid: int, fh: int, writing: bool) -> int:
-        """The backing id for *fh*; if none can be had, the open fails (``EBUSY``) and
-        the handle is released — the kernel would fail it anyway."""
+        """The backing id for *fh*, or 0 for direct I/O (see ``_open_out``).  If the
+        inode has a backing id that cannot serve *fh* (read-only, and *fh* writes), the
+        open fails (``EBUSY``) and the handle is released — the kernel would fail it."""
         try:
-            found = self.backing.acquire(nodeid, fh, writing)
-            if found is None:
-                raise FUSEError(errno.EBUSY)
+            if self.backing.live(nodeid):
+                found = self.backing.acquire(nodeid, fh, writing)
+                if found is None:
+                    raise FUSEError(errno.EBUSY)
+            elif (self.backing.held_direct(nodeid) or writing and self.ops.setid_file(fh)
+                  or (found := self.backing.acquire(nodeid, fh, writing)) is None):
+                self.backing.add_direct(nodeid, fh)
+                return 0
             if writing:
                 self.ops.passthrough_writer(fh)
             return found
