@@ -310,7 +310,8 @@ def _preload(real: bytes, auto=None) -> None:
 
 def writeback_default() -> bool:
     """The kernel's writeback cache is on unless ``REWINDFS_WRITEBACK=0`` (measured in
-    docs/benchmarks.md; why it keeps write-ahead and fail-closed: docs/concurrency.md)."""
+    docs/benchmarks.md; why it keeps write-ahead and fail-closed: docs/concurrency.md)
+    — where the kernel session does not get passthrough instead (``fs.session``)."""
     return os.environ.get("REWINDFS_WRITEBACK", "1") != "0"
 
 

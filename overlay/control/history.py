@@ -20,6 +20,7 @@ from rewindfs.store import NothingToRedo
 from rewindfs.store._session import BadSession
 
 from rewindfs.overlay.control.host import RewindHost
+from rewindfs.overlay.rewind import engine
 from rewindfs.overlay.control.wire import opt_str
 
 __all__ = ["METHODS", "history_sync", "redo_state_sync"]
@@ -47,11 +48,15 @@ async def history(ctx: RewindHost, params: dict, emit) -> dict:
 def redo_state_sync(ctx: RewindHost, params: dict) -> dict:
     """``{"session"?: S}`` (the owner; absent: the manual owner) →
     ``{"can_redo", "rewind", "stale": [point], "reason"}``: the rule of
-    ``store._history`` without planning anything, so a UI may ask on every render.
-    ``can_redo`` is what a plain ``redo`` would do now (a stale one needs ``force``)."""
+    ``store._history``, so a UI may ask on every render; only when epochs after the
+    rewind changed paths is the tree compared with the point they began at (changes
+    all put back are no reason to refuse: ``engine.redo_target``).  ``can_redo`` is
+    what a plain ``redo`` would do now (a stale one needs ``force``)."""
     owner = opt_str(params, "session", "redo.state")
     try:
-        rewind, stale = ctx.store.redo_target(ctx.ws, owner)
+        rewind, stale = engine.redo_target(ctx.root_fd, ctx.store, ctx.ws, session=owner,
+                                           rules=None if ctx.live is None
+                                           else ctx.live.ignore_rules())
     except NothingToRedo as exc:
         return {"can_redo": False, "rewind": None, "stale": [], "reason": exc.message}
     reason = None if not stale else (

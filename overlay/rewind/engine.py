@@ -80,7 +80,7 @@ from rewindfs.overlay.tree.syscalls import syncfs
 log = logging.getLogger(__name__)
 
 __all__ = ["Failure", "PlannedAction", "RestoreResult", "RewindPlan", "apply_plan",
-           "plan_redo", "plan_rewind", "recover"]
+           "plan_redo", "plan_rewind", "recover", "redo_target"]
 
 CHANGES = ("created", "written", "deleted", "meta", "unchanged", "ignored")
 
@@ -295,11 +295,22 @@ def plan_redo(root_fd: int, store, ws: int, *, session: str | None = None,
     owner; ``store._history``): plan a rewind to the point it left, as a ``redo``.
     ``NothingToRedo`` on an empty stack; ``RedoStale`` if the tree changed since that
     rewind (the redo would undo those changes too), unless ``force``."""
-    rewind, stale = store.redo_target(ws, session)
-    if stale and not force and _changed_since(root_fd, store, ws, stale[0].id, rules):
+    rewind, stale = redo_target(root_fd, store, ws, session=session, rules=rules)
+    if stale and not force:
         raise RedoStale.of(rewind, stale, store.paths_changed_by(ws, stale))
     plan = plan_rewind(root_fd, store, ws, f"e{rewind.id}", rules=rules)
     return dataclasses.replace(plan, kind="redo", owner=rewind.session, undid=rewind.id)
+
+
+def redo_target(root_fd: int, store, ws: int, *, session: str | None = None,
+                rules: IgnoreRules | None = None):
+    """``Store.redo_target`` checked against the tree: (the rewind a redo of owner
+    ``session`` undoes, the epochs since whose changes it would discard — none when the
+    tree is as the rewind left it, all changes put back)."""
+    rewind, stale = store.redo_target(ws, session)
+    if stale and not _changed_since(root_fd, store, ws, stale[0].id, rules):
+        stale = []
+    return rewind, stale
 
 
 def _changed_since(root_fd: int, store, ws: int, epoch_id: int, rules) -> bool:

@@ -21,7 +21,9 @@ from treesnap import real_view
 
 pytestmark = pytest.mark.mount
 
-_WB = {"REWINDFS_WRITEBACK": "1"}  # the default, pinned against the caller's environment
+# the writeback cache (not passthrough, the default as root), pinned against the
+# caller's environment
+_WB = {"REWINDFS_WRITEBACK": "1", "REWINDFS_PASSTHROUGH": "0"}
 
 
 def _real(ws_fd, name) -> bytes:

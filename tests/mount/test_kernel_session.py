@@ -33,7 +33,8 @@ HIDDEN = {
     "all-offered": "",
     "no-killpriv-no-opendir-no-auto": "killpriv_v2,no_opendir,readdirplus_auto",
     "no-ext-no-pages-no-trunc-no-plus": "init_ext,max_pages,atomic_o_trunc,readdirplus",
-    "no-writeback": "writeback_cache",
+    "no-passthrough": "passthrough",
+    "no-passthrough-no-writeback": "passthrough,writeback_cache",
 }
 
 

@@ -194,8 +194,9 @@ def _trial(seed: int, m, image, copy_dir, tree: dict) -> list[str]:
     return [f"seed {seed}: {p}" for p in problems]
 
 
-@pytest.mark.parametrize("writeback", ["1", "0"])
-def test_durable_changes_have_durable_preimages(tmp_path, writeback):
+@pytest.mark.parametrize("writeback, passthrough", [("1", "0"), ("0", "0"), ("1", "1")],
+                         ids=["writeback", "write-through", "passthrough"])
+def test_durable_changes_have_durable_preimages(tmp_path, writeback, passthrough):
     image = tmp_path / "disk.img"
     with loop_ext4(image, tmp_path / "disk", make=True) as disk:
         ws, store = disk / "ws", disk / "store"
@@ -206,12 +207,13 @@ def test_durable_changes_have_durable_preimages(tmp_path, writeback):
             (ws / rel).write_bytes(tree[rel.encode()])
         seeds = trials(12)
         problems, failed = [], 0
-        with mounted(ws, store, env={"REWINDFS_WRITEBACK": writeback}) as m:
+        with mounted(ws, store, env={"REWINDFS_WRITEBACK": writeback,
+                                     "REWINDFS_PASSTHROUGH": passthrough}) as m:
             for seed in seeds:
                 found = _trial(seed, m, image, tmp_path, tree)
                 problems += found
                 failed += bool(found)
-        print(f"writeback={writeback}: {len(seeds)} trials, {failed} failures")
+        print(f"writeback={writeback} passthrough={passthrough}: {len(seeds)} trials, {failed} failures")
         assert not problems, "\n".join(problems)
 
 

@@ -139,9 +139,9 @@ class KernelSession:
         want = _BASE | wire.HANDLE_KILLPRIV_V2 | wire.READDIRPLUS_AUTO
         if self.passthrough and offered & wire.PASSTHROUGH and os.geteuid() == 0:
             # one or the other per mount: the kernel refuses passthrough together
-            # with the writeback cache
-            # writers are direct I/O then (dispatch._open_out); shared mmap of such a
-            # file needs this (the kernel refuses it with ENODEV otherwise)
+            # with the writeback cache.  Some opens stay direct I/O (set-id writers,
+            # no backing file: dispatch._open_out); a shared mmap of such a file needs
+            # DIRECT_IO_ALLOW_MMAP (the kernel refuses it with ENODEV otherwise)
             want |= wire.PASSTHROUGH | wire.DIRECT_IO_ALLOW_MMAP
             self.ops.enable_writeback_cache = False
             self.ops.passthrough = True
