@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import functools
 import logging
 import os
@@ -183,6 +182,7 @@ class RewindOperations(pyfuse3.Operations):
         self._token = object()
         self.handles: dict[int, object] = {}
         self.sync_handles: set[int] = set()     # real fds opened O_SYNC / O_DSYNC
+        self.writers: set[int] = set()          # handles opened to write (not O_RDONLY)
         self.pt_writers: set[int] = set()       # writable handles passed through
         self.dirs: dict[int, tuple[int, int, list[bytes]]] = {}  # fh → (fd, inode, names)
         self._next_dir = 1
@@ -736,6 +736,8 @@ class RewindOperations(pyfuse3.Operations):
         node.handles.add(fd)
         if flags & _OPEN_SYNC:
             self.sync_handles.add(fd)
+        if flags & os.O_ACCMODE != os.O_RDONLY:
+            self.writers.add(fd)
         return pyfuse3.FileInfo(fh=fd, keep_cache=True)
 
     @_handler
@@ -864,6 +866,7 @@ class RewindOperations(pyfuse3.Operations):
         node = self.handles.pop(fh)
         node.handles.discard(fh)
         self.sync_handles.discard(fh)
+        self.writers.discard(fh)
         self.pt_writers.discard(fh)
         os.close(fh)
         if IGNORE_FILE in node.paths:
@@ -1008,9 +1011,8 @@ class RewindOperations(pyfuse3.Operations):
         it adopts as a blob until the inode has no workspace name left
         (``rewind.adopt``).  Runs on the trio thread, like every handler, so no
         request interleaves with the check."""
-        for fd in self.handles:
-            if (fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE != os.O_RDONLY
-                    and _key_of(os.fstat(fd)) == key):
+        for fd in self.writers:
+            if _key_of(os.fstat(fd)) == key:
                 return False
         self.fenced.add(key)
         return True
@@ -1020,10 +1022,7 @@ class RewindOperations(pyfuse3.Operations):
         file can have dirty pages in the kernel: ``close`` (and the release of the last
         reference, e.g. after ``munmap``) writes them back before it returns, so with
         no writer open a turn mark has nothing to flush."""
-        for fd in self.handles:
-            if fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE != os.O_RDONLY:
-                return True
-        return False
+        return bool(self.writers)
 
     def unfence_writes(self, key: tuple[int, int]) -> None:
         self.fenced.discard(key)
@@ -1057,10 +1056,9 @@ class RewindOperations(pyfuse3.Operations):
         landed into) — all answer ``EBUSY``.  Reads, and changes elsewhere, go on.
         Runs on the trio thread, like every handler: no request interleaves."""
         wkeys, wnames = set(), set()
-        for fd, node in self.handles.items():
-            if fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE != os.O_RDONLY:
-                wkeys.add(_key_of(os.fstat(fd)))
-                wnames.update(node.paths)
+        for fd in self.writers:
+            wkeys.add(_key_of(os.fstat(fd)))
+            wnames.update(self.handles[fd].paths)
         held = []
         for path, key in entries:
             if path in wnames or key in wkeys:
