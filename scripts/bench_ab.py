@@ -3,6 +3,15 @@
 
     git archive <old-commit> | tar -x -C /tmp/rewindfs-a
     .venv/bin/python scripts/bench_ab.py --a /tmp/rewindfs-a --workload sqlite --workload saves
+    .venv/bin/python scripts/bench_ab.py --a-env REWINDFS_SPIN_US=0 --workload creates
+
+A's daemon imports A's code: it runs with ``PYTHONPATH`` at a directory whose
+``rewindfs/`` links to A's ``store``/``overlay``/``plugin`` (the editable install would
+otherwise give it this checkout's — which earlier versions of this script did, so
+their A and B were the same code).  ``--a-env NAME=VALUE`` sets a variable for A's
+daemon only; without ``--a``, A is this checkout with those variables (a lever's A/B).
+Workloads that read the extracted tree (grep, read every file) need it in their
+directory and are not meaningful here: each workload runs in a fresh one.
 
 Each round runs every target once, in a rotating order, each workload in a fresh
 directory with a fresh mount and a turn open, so the machine's load hits A and B alike
@@ -35,8 +44,9 @@ def _status_syncs(ctl) -> int | None:
     return ctl.call("status")["fs"].get("store_syncs")
 
 
-def _run(target: str, code: Path | None, d: Path, store: Path, fn, turn: int):
-    """Time one workload on ``target``; returns (seconds, store syncs or None)."""
+def _run(target: str, code: Path | None, d: Path, store: Path, fn, turn: int, env=None):
+    """Time one workload on ``target`` (its daemon with *env*, None: ours); returns
+    (seconds, store syncs or None)."""
     if code is None:
         os.sync()
         t0 = time.perf_counter()
@@ -44,7 +54,7 @@ def _run(target: str, code: Path | None, d: Path, store: Path, fn, turn: int):
         return time.perf_counter() - t0, None
     proc = subprocess.Popen([bench.PY, "-m", "rewindfs.overlay.cli", "mount", str(d), "--foreground",
                              "--store", str(store)], cwd=code,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     try:
         bench._wait_mounted(d, proc)
         ctl = bench.Control(store, d)
@@ -62,9 +72,29 @@ def _run(target: str, code: Path | None, d: Path, store: Path, fn, turn: int):
     return took, syncs
 
 
+def _a_env(code: Path, pairs: list[str], work: Path) -> dict:
+    """The environment of A's daemon: its code first on the import path, *pairs* set."""
+    env = dict(os.environ)
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name:
+            raise SystemExit(f"--a-env wants NAME=VALUE, got {pair!r}")
+        env[name] = value
+    if code != B:
+        pkg = work / "a-code" / "rewindfs"
+        pkg.mkdir(parents=True)
+        for part in ("store", "overlay", "plugin"):
+            (pkg / part).symlink_to(code / part)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(pkg.parent),
+                                                          env.get("PYTHONPATH")]))
+    return env
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--a", required=True, type=Path, help="the other checkout (A)")
+    ap.add_argument("--a", type=Path, help="the other checkout (A); default: this one")
+    ap.add_argument("--a-env", action="append", default=[], metavar="NAME=VALUE",
+                    help="an environment variable for A's daemon only (repeatable)")
     ap.add_argument("--workload", action="append", required=True, metavar="TEXT",
                     help="run the suite workloads whose name contains TEXT (repeatable)")
     ap.add_argument("--rounds", type=int, default=5)
@@ -72,10 +102,13 @@ def main(argv=None) -> int:
     CTX["tarball"], CTX["tar_files"] = bench.make_tarball(B / "bench-results" / "cache", 2500)
     chosen = [(n, fn) for n, fn in bench.workloads(CTX)
               if any(w in n for w in args.workload)]
-    targets = {"bare": None, "A": args.a.resolve(), "B": B}
+    if args.a is None and not args.a_env:
+        ap.error("give --a (another checkout) or --a-env (a lever), or both")
+    targets = {"bare": None, "A": (args.a or B).resolve(), "B": B}
+    work = Path(tempfile.mkdtemp(prefix="rewindfs-ab-"))
+    envs = {"bare": None, "B": None, "A": _a_env(targets["A"], args.a_env, work)}
     times = {t: {n: [] for n, _ in chosen} for t in targets}
     syncs: dict[str, list] = {n: [] for n, _ in chosen}
-    work = Path(tempfile.mkdtemp(prefix="rewindfs-ab-"))
     try:
         for r in range(args.rounds):
             order = list(targets)[r % 3:] + list(targets)[:r % 3]
@@ -84,7 +117,7 @@ def main(argv=None) -> int:
                     d = work / f"{t}-{r}-{i}"
                     d.mkdir()
                     took, s = _run(t, targets[t], d, work / f"store-{t}", fn,
-                                   1 + r * len(chosen) + i)
+                                   1 + r * len(chosen) + i, envs[t])
                     times[t][n].append(took)
                     if t == "B":
                         syncs[n].append(s)

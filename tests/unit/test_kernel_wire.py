@@ -9,7 +9,10 @@ a handler that fails unexpectedly EIO, never silence.
 from __future__ import annotations
 
 import errno
+import os
 import socket
+import subprocess
+import sys
 
 import pytest
 
@@ -78,3 +81,25 @@ def test_struct_sizes_match_the_protocol():
     assert wire.ATTR_OUT.size == 104 and wire.SETATTR_IN.size == 88
     assert wire.RW_IN.size == 40 and wire.STATFS_OUT.size == 80
     assert wire.OPEN_OUT.size == 16 and wire.BACKING_MAP.size == 16
+
+
+# -- the loop's spin before it sleeps ---------------------------------------------------
+
+def _spin_ns_in_child(cpus: set[int], env: dict) -> int:
+    """``spin_ns()`` in a child process restricted to *cpus*, with *env* set."""
+    code = ("import os, sys; os.sched_setaffinity(0, {%s}); "
+            "from rewindfs.overlay.fs.kernel.session import spin_ns; print(spin_ns())"
+            % ", ".join(map(str, cpus)))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={**os.environ, **env}, check=True)
+    return int(out.stdout)
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs to differ")
+def test_the_loop_spins_only_with_a_second_cpu_and_as_configured():
+    two = set(sorted(os.sched_getaffinity(0))[:2])
+    assert _spin_ns_in_child(two, {"REWINDFS_SPIN_US": "100"}) == 100_000
+    assert _spin_ns_in_child(two, {"REWINDFS_SPIN_US": "0"}) == 0
+    assert _spin_ns_in_child(two, {"REWINDFS_SPIN_US": "many"}) == 100_000   # the default
+    # on one CPU the caller would wait for our spin to end: never spin
+    assert _spin_ns_in_child({min(two)}, {"REWINDFS_SPIN_US": "100"}) == 0
