@@ -330,7 +330,7 @@ def fetch_passthrough_example(cache: Path) -> Path:
     cache.mkdir(parents=True, exist_ok=True)
     import pyfuse3
     version = pyfuse3.__version__ if hasattr(pyfuse3, "__version__") else "3.5.0"
-    subprocess.run([PY, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:",
+    subprocess.run([PY, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", "pyfuse3",
                     f"pyfuse3=={version}", "-d", str(cache)], check=True)
     sdist = next(cache.glob("pyfuse3-*.tar.gz"))
     with tarfile.open(sdist) as tf:
