@@ -221,15 +221,20 @@ def plan_rewind(root_fd: int, store, ws: int, to, *, paths=None,
     plan = _without_temps(store.plan(ws, target, requested))
     if rules is None:
         rules = IgnoreRules.load(root_fd)
-    groups, items = _Groups(), []
-    dirs = _dir_cache(root_fd)
-    try:
-        for action in plan:
-            items.append(PlannedAction(action, _classify(dirs, action, rules, groups, store)))
-    finally:
-        dirs.close()
+    items = [PlannedAction(a, change) for a, change in _classified(root_fd, store, plan, rules)]
     return RewindPlan(target, plan, items, _foreign(store, ws, target, requested, session),
                       requested, rules, _unrecorded(requested, plan))
+
+
+def _classified(root_fd: int, store, plan, rules):
+    """``(action, change)`` for each action of *plan*, classified against the tree one
+    at a time (a caller may stop early)."""
+    groups, dirs = _Groups(), _dir_cache(root_fd)
+    try:
+        for action in plan:
+            yield action, _classify(dirs, action, rules, groups, store)
+    finally:
+        dirs.close()
 
 
 def _unrecorded(requested: list[bytes] | None, plan: Plan) -> list[bytes]:
@@ -317,14 +322,20 @@ def _changed_since(root_fd: int, store, ws: int, epoch_id: int, rules) -> bool:
     """True if the tree differs from point ``e<epoch_id>`` in more than modification
     times: the paths touched since were not all put back as they were (an edit saved
     back, a scratch file made and removed, a file held open for writing across marks
-    and recaptured at each).  Only then would a redo discard a change."""
-    plan = plan_rewind(root_fd, store, ws, f"e{epoch_id}", rules=rules)
-    metas = [item.action for item in plan.items if item.change == "meta"]
-    if any(item.change not in ("unchanged", "ignored", "meta") for item in plan.items):
-        return True
+    and recaptured at each).  Only then would a redo discard a change.  Stops at the
+    first path that differs."""
+    plan = _without_temps(store.plan(ws, store.resolve_point(ws, f"e{epoch_id}"), None))
+    if rules is None:
+        rules = IgnoreRules.load(root_fd)
     dirs = _dir_cache(root_fd)
     try:
-        return not all(_only_times_differ(dirs, action) for action in metas)
+        with contextlib.closing(_classified(root_fd, store, plan, rules)) as classified:
+            for action, change in classified:
+                if change == "meta" and _only_times_differ(dirs, action):
+                    continue
+                if change not in ("unchanged", "ignored"):
+                    return True
+        return False
     finally:
         dirs.close()
 

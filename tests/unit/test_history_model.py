@@ -11,7 +11,8 @@ every step:
 - which rewind ``redo`` undoes (a stack per owner, last in first out) and that an empty
   stack is ``nothing-to-redo``;
 - that a redo is refused as ``redo-stale`` exactly when something changed the tree after
-  the rewind — other than a rewind and its redo both made after it — and changes nothing;
+  the rewind — other than a rewind and its redo both made after it — and the tree is not
+  back as the rewind left it, and then changes nothing;
 - that a bare turn number means the only session's turn, and is ``ambiguous-point`` with
   two sessions.
 """
@@ -38,8 +39,9 @@ OWNERS = (None, "s1", "s2")
 class Entry:
     """A rewind on the model's redo stack, and what happened after it."""
 
-    def __init__(self, epoch: int):
+    def __init__(self, epoch: int, left: dict):
         self.epoch = epoch
+        self.left = left            # the tree as the rewind left it
         self.changes: list = []     # ("write", epoch) | ("rewind", id) | ("redo", id)
 
     def stale(self) -> bool:
@@ -174,7 +176,7 @@ class HistoryMachine(RuleBasedStateMachine):
         rewound = self._land(plan, owner, expected, "rewind")
         if rewound.paths:
             self._changed(("rewind", rewound.id), rewound.id)
-        self.stacks[owner].append(Entry(rewound.id))
+        self.stacks[owner].append(Entry(rewound.id, dict(self.tree)))
 
     @rule(owner=st.sampled_from(OWNERS), force=st.booleans())
     def redo(self, owner, force):
@@ -185,7 +187,7 @@ class HistoryMachine(RuleBasedStateMachine):
                 plan_redo(self.h.fd, self.store, self.h.ws, session=owner, force=force)
             return
         top = stack[-1]
-        if top.stale() and not force:
+        if top.stale() and self.tree != top.left and not force:
             with pytest.raises(RedoStale) as refused:
                 plan_redo(self.h.fd, self.store, self.h.ws, session=owner)
             assert refused.value.details["rewind"] == top.epoch
