@@ -25,7 +25,7 @@ from rewindfs.store._errors import UnknownRemoteWorkspace
 from rewindfs.overlay.cli import options
 from rewindfs.overlay.control import client
 from rewindfs.overlay.cli.render import escape, human_bytes, parse_duration
-from rewindfs.overlay.errors import NotAWorkspace, StaleMount, UsageError
+from rewindfs.overlay.errors import Interrupted, NotAWorkspace, StaleMount, UsageError
 from rewindfs.overlay.places import (control_socket_path, find_rewindfs_mount, find_socket,
                                      resolve_store_path)
 from rewindfs.overlay.rewind import learn as tree_learn
@@ -194,6 +194,12 @@ def _push_one(store, backend, config, ws: int, root: bytes, out):
         with _Progress(out, f"push {os.fsdecode(root)}", "push") as bar:
             report = tree_remote.push_tree(store, ws, fd, backend, config,
                                            progress=bar.pushed)
+    except KeyboardInterrupt:
+        # the workspace was bound to its remote id before anything was sent, and
+        # objects already uploaded are not sent again: the next push resumes
+        raise Interrupted(f"push of {os.fsdecode(root)} to {config.name} interrupted: "
+                          "what was uploaded stays on the remote; `rewindfs push` again "
+                          "sends the rest") from None
     finally:
         os.close(fd)
     return _say_pushed(out, tree_remote.done_record(config.name, root, report))

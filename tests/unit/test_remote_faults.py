@@ -185,3 +185,40 @@ def test_restore_refuses_a_non_empty_directory_and_an_unknown_workspace(s3, tmp_
     assert code == 2 and recs[-1]["code"] == "unknown-point"
     with Store.open(tmp_path / "s2") as s:             # the refused import left nothing
         assert all(not s.epochs(ws) for ws, _root in s.workspaces())
+
+
+def test_ctrl_c_during_a_push_says_what_it_left_and_the_next_push_completes(s3, tmp_path):
+    """Ctrl-C while ``rewindfs push`` waits on a server that stopped answering: exit
+    130 with a last line that says what is on the remote and how to resume (it used to
+    end silently); the next push sends everything."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    with open_history(new_dir(tmp_path / "a")) as h:
+        for i in range(10):
+            h.write(b"f%02d" % i, os.urandom(20_000))
+        h.turn(1)
+        root, store = os.fsdecode(h.root), h.store.path
+    env = dict(os.environ, **s3.env)
+    rfs = [sys.executable, "-m", "rewindfs.overlay.cli", "--store", str(store)]
+    subprocess.run([*rfs, "remote", "add", "origin", s3.url(), "--endpoint", s3.endpoint],
+                   env=env, check=True, capture_output=True)
+    s3.proc.send_signal(signal.SIGSTOP)            # connections open, nothing answers
+    try:
+        push = subprocess.Popen([*rfs, "push", "-C", str(root)], env=env, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        time.sleep(2)                                # blocked on the server by now
+        push.send_signal(signal.SIGINT)
+    finally:
+        s3.proc.send_signal(signal.SIGCONT)
+    out, err = push.communicate(timeout=120)
+    assert push.returncode == 130, (out, err)
+    assert err.strip(), "interrupted without a word"
+    last = err.strip().splitlines()[-1]
+    assert "push" in last and "interrupted" in last and "rewindfs push" in last, err
+    done = subprocess.run([*rfs, "push", "-C", str(root)], env=env, text=True,
+                          capture_output=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "pushed" in done.stdout, done.stdout
