@@ -313,8 +313,12 @@ def redo_target(root_fd: int, store, ws: int, *, session: str | None = None,
     ``session`` undoes, the epochs since whose changes it would discard — none when the
     tree is as the rewind left it, all changes put back)."""
     rewind, stale = store.redo_target(ws, session)
-    if stale and not _changed_since(root_fd, store, ws, stale[0].id, rules):
-        stale = []
+    if stale:
+        # the point the rewind left is the start of the epoch right after it (not
+        # the first stale one: a rewind and its redo may come between)
+        left = min(e.id for e in store.epochs(ws) if e.id > rewind.id)
+        if not _changed_since(root_fd, store, ws, left, rules):
+            stale = []
     return rewind, stale
 
 

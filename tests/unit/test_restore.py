@@ -325,3 +325,30 @@ def test_redo_is_per_session(hist):
                plan_redo(hist.fd, hist.store, hist.ws, session="child", force=True),
                session="child")
     assert open(hist.p(b"f"), "rb").read() == b"two"   # not the newest one
+
+
+def test_redo_compares_the_tree_with_what_the_rewind_left_not_with_a_later_rewinds_result(hist):
+    """The sequence hypothesis found (tests/unit/test_history_model.py): s1 rewinds
+    (R1), a manual rewind R2 lands another state, a turn edits, a forced redo of R2
+    puts the tree back as R1 left it.  R2 and its redo cancel out, the turn's edit is
+    gone from the tree: s1's redo discards nothing and goes ahead.  Compared with the
+    first stale epoch's start (R2's result) instead, it was refused."""
+    t1 = hist.turn(1)
+    hist.write(b"a", b"one")
+    t2 = hist.turn(2)
+    hist.write(b"a", b"two")
+    hist.end_turn()
+    apply_plan(hist.fd, hist.store, hist.ws,
+               plan_rewind(hist.fd, hist.store, hist.ws, f"e{t1}"), session="s1")   # R1
+    assert not os.path.exists(hist.p(b"a"))
+    apply_plan(hist.fd, hist.store, hist.ws,
+               plan_rewind(hist.fd, hist.store, hist.ws, f"e{t2}"), session=None)    # R2
+    assert open(hist.p(b"a"), "rb").read() == b"one"
+    hist.turn(3)
+    hist.write(b"a", b"three")
+    hist.end_turn()
+    apply_plan(hist.fd, hist.store, hist.ws,
+               plan_redo(hist.fd, hist.store, hist.ws, force=True), session=None)    # undo R2
+    assert not os.path.exists(hist.p(b"a"))            # as R1 left it
+    redo(hist, session="s1")                            # not stale: nothing to discard
+    assert open(hist.p(b"a"), "rb").read() == b"two"
