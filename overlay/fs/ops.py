@@ -231,7 +231,7 @@ class RewindOperations(pyfuse3.Operations):
         """True if a write by a caller without ``CAP_FSETID`` would drop set-id bits
         of *fh*'s file (set-user-ID, or set-group-ID with group execute)."""
         mode = os.fstat(fh).st_mode
-        return bool(mode & (stat.S_ISUID | (stat.S_ISGID if mode & stat.S_IXGRP else 0)))
+        return bool(_setid_bits(mode))
 
     def _capture_passthrough_writers(self) -> None:
         """Pre-images, in the new epoch, of the files passed-through writers hold.  A
@@ -540,8 +540,8 @@ class RewindOperations(pyfuse3.Operations):
 
     def _kill_suidgid_at(self, dir_fd: int, name: bytes) -> None:
         st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-        kill = stat.S_ISUID | (stat.S_ISGID if st.st_mode & stat.S_IXGRP else 0)
-        if stat.S_ISREG(st.st_mode) and st.st_mode & kill:
+        kill = _setid_bits(st.st_mode)
+        if stat.S_ISREG(st.st_mode) and kill:
             os.chmod(name, stat.S_IMODE(st.st_mode) & ~kill, dir_fd=dir_fd)
 
     def _setattr_fd(self, node, attr, fields, fd):
@@ -1176,11 +1176,18 @@ def _kill_suidgid(fd: int) -> bool:
     real filesystem removes itself on our write or truncate, whoever we are).  True if
     a bit was dropped."""
     mode = os.fstat(fd).st_mode
-    kill = stat.S_ISUID | (stat.S_ISGID if mode & stat.S_IXGRP else 0)
-    if mode & kill:
+    kill = _setid_bits(mode)
+    if kill:
         os.fchmod(fd, stat.S_IMODE(mode) & ~kill)
         return True
     return False
+
+
+def _setid_bits(mode: int) -> int:
+    """The set-id bits of *mode* a write or truncate by a caller without ``CAP_FSETID``
+    drops: set-user-ID, and set-group-ID only if group-executable (else it marks
+    mandatory locking, which stays)."""
+    return mode & (stat.S_ISUID | (stat.S_ISGID if mode & stat.S_IXGRP else 0))
 
 
 def _key_of(st: os.stat_result) -> tuple[int, int]:
