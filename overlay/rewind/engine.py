@@ -221,20 +221,21 @@ def plan_rewind(root_fd: int, store, ws: int, to, *, paths=None,
     plan = _without_temps(store.plan(ws, target, requested))
     if rules is None:
         rules = IgnoreRules.load(root_fd)
-    items = [PlannedAction(a, change) for a, change in _classified(root_fd, store, plan, rules)]
+    dirs = _dir_cache(root_fd)
+    try:
+        items = [PlannedAction(a, change) for a, change in _classified(dirs, store, plan, rules)]
+    finally:
+        dirs.close()
     return RewindPlan(target, plan, items, _foreign(store, ws, target, requested, session),
                       requested, rules, _unrecorded(requested, plan))
 
 
-def _classified(root_fd: int, store, plan, rules):
+def _classified(dirs: DirCache, store, plan, rules):
     """``(action, change)`` for each action of *plan*, classified against the tree one
-    at a time (a caller may stop early)."""
-    groups, dirs = _Groups(), _dir_cache(root_fd)
-    try:
-        for action in plan:
-            yield action, _classify(dirs, action, rules, groups, store)
-    finally:
-        dirs.close()
+    at a time (a caller may stop early), through the caller's directory fds."""
+    groups = _Groups()
+    for action in plan:
+        yield action, _classify(dirs, action, rules, groups, store)
 
 
 def _unrecorded(requested: list[bytes] | None, plan: Plan) -> list[bytes]:
@@ -333,12 +334,11 @@ def _changed_since(root_fd: int, store, ws: int, epoch_id: int, rules) -> bool:
         rules = IgnoreRules.load(root_fd)
     dirs = _dir_cache(root_fd)
     try:
-        with contextlib.closing(_classified(root_fd, store, plan, rules)) as classified:
-            for action, change in classified:
-                if change == "meta" and _only_times_differ(dirs, action):
-                    continue
-                if change not in ("unchanged", "ignored"):
-                    return True
+        for action, change in _classified(dirs, store, plan, rules):
+            if change == "meta" and _only_times_differ(dirs, action):
+                continue
+            if change not in ("unchanged", "ignored"):
+                return True
         return False
     finally:
         dirs.close()
