@@ -84,9 +84,8 @@ def _hash_sparse(fd: int) -> tuple[bytes, int]:
     buf = bytearray(CHUNK)
     view = memoryview(buf)
     while True:
-        data = _next_data(fd, n)
+        data, size = _data_and_size(fd, n)
         if data is None or data[0] > n:     # a hole from n
-            size = os.fstat(fd).st_size
             stop = size if data is None else min(data[0], size)
             if stop <= n:
                 return h.digest(), n
@@ -138,9 +137,8 @@ def _kernel_copy(src: int, dst: int, off: int, job: _Copy) -> int:
     the kernel refuses the pair before any byte is copied."""
     end = off + STEP
     while off < end:
-        data = _next_data(src, off)
+        data, size = _data_and_size(src, off)
         if data is None or data[0] > off:        # a hole from off: skip it
-            size = os.fstat(src).st_size
             stop = min(end, size if data is None else min(data[0], size))
             if stop <= off:
                 break
@@ -159,6 +157,18 @@ def _kernel_copy(src: int, dst: int, off: int, job: _Copy) -> int:
         job.copied = True
         off += got
     return off
+
+
+def _data_and_size(fd: int, off: int) -> tuple[tuple[int, int] | None, int]:
+    """``_next_data`` and a size no larger than the file's at that moment.  The size is
+    read *before* the seek, so bytes a writer appends after the seek that found no
+    data are not taken for a trailing hole (they would be copied as zeros: a state the
+    file never had, seen as a zero run in a log appended to while a mark captured it);
+    any data below that size was already there for the seek to find.  Read again after
+    it too, for a file cut shorter in between."""
+    before = os.fstat(fd).st_size
+    data = _next_data(fd, off)
+    return data, min(before, os.fstat(fd).st_size)
 
 
 def _next_data(fd: int, off: int) -> tuple[int, int] | None:

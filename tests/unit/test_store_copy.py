@@ -134,3 +134,50 @@ def test_hash_fd_is_the_key_of_the_content(tmp_path):
 
 def _must_not_be_called(*_a):
     raise AssertionError("copy_file_range used on a write-only destination")
+
+
+class _AppendAfterEmptySeek:
+    """``_next_data`` as the copy sees it while another process appends to ``path``: a
+    seek that finds no more data is followed at once by an append (once)."""
+
+    def __init__(self, path, extra: bytes):
+        self.path, self.extra, self.real, self.done = path, extra, _copy._next_data, False
+
+    def __call__(self, fd, off):
+        found = self.real(fd, off)
+        if found is None and not self.done:
+            self.done = True
+            with open(self.path, "ab") as f:
+                f.write(self.extra)
+        return found
+
+
+def test_bytes_appended_after_the_last_seek_are_not_copied_as_a_hole(tmp_path, small_steps,
+                                                                     monkeypatch):
+    """A log appended to while it is captured (a writer racing a turn mark, seen in
+    tests/mount/test_rel_markrace.py): the copy is some state the file had — the bytes
+    before the append, or with them — never the appended range as zeros."""
+    data, extra = os.urandom(3 * (64 << 10) + 100), os.urandom(3000)
+    src, dst = _open_pair(tmp_path, tmp_path, data)
+    monkeypatch.setattr(_copy, "_next_data", _AppendAfterEmptySeek(tmp_path / "src", extra))
+    try:
+        key, size = _copy.copy_hashed(src, dst)
+    finally:
+        os.close(src)
+        os.close(dst)
+    copied = (tmp_path / "dst").read_bytes()
+    assert copied in (data, data + extra), f"{len(copied)} bytes, {copied.count(0)} zeros"
+    assert (key, size) == (xxhash.xxh3_128(copied).digest(), len(copied))
+
+
+def test_hash_fd_does_not_hash_bytes_appended_after_the_last_seek_as_zeros(tmp_path,
+                                                                         monkeypatch):
+    data, extra = os.urandom(2 * _copy.CHUNK + 1), os.urandom(3000)
+    (tmp_path / "f").write_bytes(data)
+    monkeypatch.setattr(_copy, "_next_data", _AppendAfterEmptySeek(tmp_path / "f", extra))
+    fd = os.open(tmp_path / "f", os.O_RDONLY)
+    try:
+        got = _copy.hash_fd(fd)
+    finally:
+        os.close(fd)
+    assert got in [(xxhash.xxh3_128(d).digest(), len(d)) for d in (data, data + extra)]
