@@ -25,7 +25,9 @@ Contract:
   data extents (``SEEK_DATA``/``SEEK_HOLE``) and copies only those; a hole is made by
   extending ``dst`` (``ftruncate``) and hashed as the zeros it reads as, without
   reading it.  The buffered fallback leaves a ``CHUNK`` of zeros unwritten (a hole)
-  and sets the size at the end.  The key is always of the full logical content.
+  and sets the size at the end.  The key is always of the full logical content.  A
+  hole is only what ``src`` had as one when the copy looked: bytes a writer appends
+  meanwhile are copied or left out, never made zeros.
   ``src``'s file offset, which ``SEEK_DATA`` moves, is put back.
 - Errors are the ``OSError`` of the failing call (``ENOSPC`` included); the caller
   discards ``dst``'s file.  At most ``STEP`` bytes of page cache are copied ahead of
