@@ -1166,6 +1166,7 @@ class RewindOperations(pyfuse3.Operations):
                 "fuse_flags": sess.flags if sess is not None else 0,
                 "requests": sess.request_counts() if sess is not None else {},
                 "request_ns": sess.request_times() if sess is not None else {},
+                "spins": sess.spin_counts() if hasattr(sess, "spin_counts") else {},
                 "store_syncs": self.store.statistics()["durability"]["syncs"],
                 "open_files": len(self.handles), **self.stats, **self.table.statistics()}
 

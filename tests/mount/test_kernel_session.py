@@ -16,6 +16,7 @@ import stat
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -305,3 +306,22 @@ def test_passthrough_file_held_open_across_turn_marks_rewinds_to_each_mark(tmp_p
         res = m.call("rewind", to=f"e{e1}", force=True)
         assert res["failed"] == [], res["failed"]
         assert (ws / "log").read_bytes() == b"start\n"
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="the loop spins only with two CPUs")
+def test_a_client_pausing_between_requests_is_not_spun_for_at_every_pause(tmp_path):
+    """The loop polls up to 100 µs for the next request before it sleeps (the caller
+    usually sends one within µs).  A client that pauses longer each time — an editor
+    saving every few ms, a build waiting on a compiler — would cost that spin of one CPU
+    at every pause: after a few spins that catch nothing the loop sleeps at once."""
+    ws, store = tmp_path / "ws", tmp_path / "store"
+    ws.mkdir()
+    (ws / "f").write_bytes(b"x")
+    with mounted(ws, store, extra=KERNEL) as m:
+        before = m.call("status")["fs"]["spins"]
+        for _ in range(200):
+            os.close(os.open(ws / "f", os.O_RDONLY))   # OPEN, then RELEASE without a wait
+            time.sleep(0.002)
+        after = m.call("status")["fs"]["spins"]
+    missed = after["missed"] - before["missed"]
+    assert missed < 50, f"{missed} spins caught nothing in 200 pauses of 2 ms"

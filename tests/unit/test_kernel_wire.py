@@ -103,3 +103,24 @@ def test_the_loop_spins_only_with_a_second_cpu_and_as_configured():
     assert _spin_ns_in_child(two, {"REWINDFS_SPIN_US": "many"}) == 100_000   # the default
     # on one CPU the caller would wait for our spin to end: never spin
     assert _spin_ns_in_child({min(two)}, {"REWINDFS_SPIN_US": "100"}) == 0
+
+
+def test_the_spin_stops_while_most_waits_are_long_and_comes_back_when_most_are_short():
+    from rewindfs.overlay.fs.kernel.session import SpinBudget
+    spin = SpinBudget(100_000)
+    assert spin.ns == 100_000                   # a dense stream until shown otherwise
+    for _ in range(3):
+        spin.spun(False)
+    assert spin.ns == 100_000                   # an occasional pause: keep spinning
+    spin.spun(False)
+    assert spin.ns == 0                         # 4 of 8 long: sleep at once
+    for _ in range(20):                         # a quick RELEASE after each open, then
+        spin.slept(20_000)                      # a pause: half short, half long
+        spin.slept(2_000_000)
+        assert spin.ns == 0
+    spin.slept(20_000)
+    spin.slept(20_000)
+    assert spin.ns == 100_000                   # 5 of the last 8 short: spin again
+    spin.spun(True)
+    assert (spin.caught, spin.missed) == (1, 4)
+    assert SpinBudget(0).ns == 0                # one CPU or REWINDFS_SPIN_US=0

@@ -86,6 +86,7 @@ class KernelSession:
         self.offered = 0
         self.kernel_minor = 0
         self.requests = 0
+        self.spin: SpinBudget | None = None    # the polled loop's (its counts: status)
         self._buf = bytearray(_BUFSIZE)
         self.dispatch: Dispatcher | None = None
 
@@ -206,7 +207,8 @@ class KernelSession:
         then one ``readv`` — two syscalls and no exception per request, where reading
         first cost a failing ``readv`` and two ``poll``s whenever the caller waits for
         each reply.  Before it sleeps in that ``poll`` the loop polls without sleeping
-        for up to ``spin_ns()`` (``_spin``).  Trio gets a checkpoint whenever its epoll
+        for up to ``spin_ns()`` (``_spin``) while most of its recent waits were that
+        short (``SpinBudget``).  Trio gets a checkpoint whenever its epoll
         fd is ready or a task is runnable (checked before every request), and every
         ``_FAIR_EVERY`` requests; after ``_IDLE_MS`` without a request the loop parks in
         ``wait_readable``."""
@@ -216,14 +218,24 @@ class KernelSession:
         p.register(fd, select.POLLIN)
         p.register(others, select.POLLIN)
         wait = p.poll
-        spin = spin_ns()
+        spin = self.spin = SpinBudget(spin_ns())
+        clock = time.perf_counter_ns
         countdown = _FAIR_EVERY
         try:
             while True:
                 ready = wait(0)
-                if not ready and spin:
-                    ready = _spin(wait, spin)
-                if not ready:
+                if ready:
+                    pass
+                elif spin.ns:
+                    ready = _spin(wait, spin.ns)
+                    spin.spun(bool(ready))
+                    if not ready:
+                        ready = wait(_IDLE_MS)
+                elif spin.most:            # not spinning now: is it worth it again?
+                    asleep = clock()
+                    ready = wait(_IDLE_MS)
+                    spin.slept(clock() - asleep if ready else _IDLE_MS * 1_000_000)
+                else:
                     ready = wait(_IDLE_MS)
                 if not ready:
                     countdown = _FAIR_EVERY
@@ -253,6 +265,12 @@ class KernelSession:
         """Requests served so far, by opcode name (``wire``'s names, lower case)."""
         counts = self.dispatch.counts if self.dispatch is not None else []
         return {wire.OPCODE_NAMES.get(op, str(op)): n for op, n in enumerate(counts) if n}
+
+    def spin_counts(self) -> dict[str, int]:
+        """Spins before sleeping that caught a request and that did not (see
+        ``SpinBudget``); all 0 in the plain loop."""
+        spin = self.spin
+        return {"caught": spin.caught, "missed": spin.missed} if spin else {}
 
     def request_times(self) -> dict[str, int]:
         """Nanoseconds spent per opcode (only with ``REWINDFS_FUSE_TIMES=1``; else {})."""
@@ -325,6 +343,47 @@ def spin_ns() -> int:
     if us <= 0 or len(os.sched_getaffinity(0)) < 2:
         return 0
     return us * 1000
+
+
+# For each 8-bit history of gaps (1: short), whether most of them were short.
+_MOSTLY_SHORT = [bin(recent).count("1") >= 5 for recent in range(256)]
+
+
+class SpinBudget:
+    """Whether the request loop polls for the next request before it sleeps, and how
+    long: ``ns`` is ``most`` (``spin_ns()``) while most of the last 8 waits for a
+    request were shorter than that, else 0.
+
+    Why: a spin pays only when the next request comes within it.  A client that pauses
+    between requests — computing, an editor saving every few ms, a build — would
+    otherwise cost a spin of one CPU at every pause, also when its short gaps are only
+    the RELEASE right after an open (not waited for).  A majority, not the last wait,
+    decides: a dense stream keeps spinning through an occasional pause, and the
+    alternation of a quick RELEASE and a long pause stops the spin.  ``caught`` /
+    ``missed`` count the spins (``status`` → ``fs.spins``)."""
+
+    __slots__ = ("most", "ns", "recent", "caught", "missed")
+
+    def __init__(self, most: int):
+        self.most = self.ns = most
+        self.recent = 0xFF          # start as a dense stream
+        self.caught = self.missed = 0
+
+    def spun(self, caught: bool) -> None:
+        """A spin ended: it caught a request or *most* ns passed without one."""
+        if caught:
+            self.caught += 1
+        else:
+            self.missed += 1
+        self._note(caught)
+
+    def slept(self, ns: int) -> None:
+        """A request came *ns* after the loop went to sleep without spinning."""
+        self._note(ns < self.most)
+
+    def _note(self, short: bool) -> None:
+        self.recent = ((self.recent << 1) | short) & 0xFF
+        self.ns = self.most if _MOSTLY_SHORT[self.recent] else 0
 
 
 def _spin(wait, spin: int):
