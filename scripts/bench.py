@@ -165,6 +165,15 @@ def w_random_write(d: Path, ctx) -> None:
         os.close(fd)
 
 
+# What a workload reads that an earlier one in ``workloads`` leaves behind: run first,
+# untimed, by anything that runs a workload alone in a fresh directory (bench_ab.py).
+PREPARE = {
+    w_git_commit: [w_extract], w_git_status: [w_extract, w_git_commit],
+    w_grep: [w_extract], w_read_all: [w_extract], w_compileall: [w_extract],
+    w_rm_tree: [w_extract], w_seq_read: [w_seq_write],
+}
+
+
 def workloads(ctx) -> list:
     """(name, function) pairs; names state the sizes this run really uses."""
     return [

@@ -10,8 +10,9 @@ A's daemon imports A's code: it runs with ``PYTHONPATH`` at a directory whose
 otherwise give it this checkout's — which earlier versions of this script did, so
 their A and B were the same code).  ``--a-env NAME=VALUE`` sets a variable for A's
 daemon only; without ``--a``, A is this checkout with those variables (a lever's A/B).
-Workloads that read the extracted tree (grep, read every file) need it in their
-directory and are not meaningful here: each workload runs in a fresh one.
+Each workload runs in a fresh directory; one that reads what an earlier workload
+leaves (grep and git read the extracted tree, sequential read the written file) gets
+it first, untimed, through the same mount (``bench.PREPARE``).
 
 Each round runs every target once, in a rotating order, each workload in a fresh
 directory with a fresh mount and a turn open, so the machine's load hits A and B alike
@@ -48,6 +49,7 @@ def _run(target: str, code: Path | None, d: Path, store: Path, fn, turn: int, en
     """Time one workload on ``target`` (its daemon with *env*, None: ours); returns
     (seconds, store syncs or None)."""
     if code is None:
+        _prepare(fn, d)
         os.sync()
         t0 = time.perf_counter()
         fn(d, CTX)
@@ -59,6 +61,7 @@ def _run(target: str, code: Path | None, d: Path, store: Path, fn, turn: int, en
         bench._wait_mounted(d, proc)
         ctl = bench.Control(store, d)
         ctl.call("turn.begin", session="ab", turn=turn, label="ab")
+        _prepare(fn, d)
         before = _status_syncs(ctl)
         os.sync()
         t0 = time.perf_counter()
@@ -70,6 +73,12 @@ def _run(target: str, code: Path | None, d: Path, store: Path, fn, turn: int, en
     finally:
         bench._unmount(d, proc)
     return took, syncs
+
+
+def _prepare(fn, d: Path) -> None:
+    """What *fn* reads, made in *d* by the workloads that make it (untimed)."""
+    for earlier in bench.PREPARE.get(fn, []):
+        earlier(d, CTX)
 
 
 def _a_env(code: Path, pairs: list[str], work: Path) -> dict:
