@@ -238,6 +238,15 @@ def capture(root_fd: int, store, ws: int, epoch_id: int, relpaths, *,
     return [path for path, new in zip(todo, fresh) if new]
 
 
+def images(root_fd: int, store, relpaths, *, parent) -> list[tuple[bytes, PreImage]]:
+    """``(path, image)`` of each distinct path of *relpaths* as it is now, contents in
+    the store, recorded nowhere yet: for a caller that commits them in the same
+    transaction as something else (the epoch of a turn mark, ``Store.begin_turn``'s
+    ``records``).  Raises like ``capture`` (``StoreFull``, ``StoreError``, ``OSError``)."""
+    return [(path, _snapshot_via(parent, root_fd, path, store))
+            for path in dict.fromkeys(relpaths)]
+
+
 def _unrecorded(store, ws: int, epoch_id: int, relpaths) -> list[bytes]:
     """The distinct paths of *relpaths*, in order, with no pre-image in the epoch yet."""
     return store.unrecorded(ws, epoch_id, dict.fromkeys(relpaths))

@@ -206,6 +206,16 @@ class PushStopped(RewindfsError):
     code = "push-stopped"
 
 
+# -- turn marks -----------------------------------------------------------------
+
+
+class MarkRefused(RewindfsError):
+    """No turn mark: {path} is open for writing and its content at the mark could not be kept ({reason}); nothing changed."""
+
+    code = "mark-refused"
+    exit_code = EXIT_COULD_NOT_RUN
+
+
 # -- the restore engine -------------------------------------------------------
 
 

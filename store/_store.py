@@ -177,27 +177,33 @@ class Store:
             return _epoch.current(txn, self._db, ws)
 
     def begin_turn(self, ws, session: str, turn: int, label: str,
-                   force: bool = False, *, flush: bool = True) -> _epoch.Epoch:
+                   force: bool = False, *, flush: bool = True, records=()) -> _epoch.Epoch:
         """Open a ``turn`` epoch; idempotent for the turn already open, otherwise the
         open epoch (idle, rewind, or a turn of the same session) is closed first.
         Another session's open turn raises ``TurnOpen`` (nothing changes) unless
         ``force``.  ``flush=False`` leaves the boundary to the caller's next ``sync()``
-        (the daemon's background sync, docs/store.md "Durability")."""
+        (the daemon's background sync, docs/store.md "Durability").  ``records``:
+        ``(path, PreImage)`` pairs recorded in the epoch returned, in the same
+        transaction — the epoch never exists without them (``journal.record``)."""
         _session.check_session(session)
         if not isinstance(turn, int) or isinstance(turn, bool) or not 0 <= turn < 1 << 32:
             raise _session.BadSession(session=session, reason=f"bad turn number {turn!r}")
         with self._w() as txn:
             e = _session.begin_turn(txn, self._db, ws, session, turn, str(label),
                                     force=bool(force))
+            if records:
+                _journal.record(txn, self._db, ws, e.id, list(records))
         if flush:
             self.flush()
         return e
 
-    def end_turn(self, ws, session: str | None = None, *, flush: bool = True) -> _epoch.Epoch:
+    def end_turn(self, ws, session: str | None = None, *, flush: bool = True,
+                 records=()) -> _epoch.Epoch:
         """Close the open turn and open an ``idle`` epoch (returned); without an open
         turn, return the current epoch unchanged.  With ``session``, the open turn must
         belong to it (``BadSession`` otherwise, and nothing changes): a harness ending
-        its own turn never closes another session's."""
+        its own turn never closes another session's.  ``records``: as ``begin_turn``'s,
+        into the new idle epoch (none when nothing changes)."""
         with self._w() as txn:
             cur = _epoch.current(txn, self._db, ws)
             if cur.kind != "turn":
@@ -207,6 +213,8 @@ class Store:
                     session=session, reason=f"the open turn belongs to session "
                                             f"{cur.session!r}; nothing was ended")
             e = _epoch.open_new(txn, self._db, ws, "idle")
+            if records:
+                _journal.record(txn, self._db, ws, e.id, list(records))
         if flush:
             self.flush()
         return e

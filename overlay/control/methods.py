@@ -53,10 +53,16 @@ async def turn_begin(ctx: DaemonHost, params: dict, emit) -> dict:
         await ctx.flush_writes()
         # No await between the epoch switch and telling the filesystem: no FUSE request
         # can run in between, so every change lands in exactly one of the two epochs.
-        # another session's open turn: TurnOpen (nothing changed) unless forced
+        # another session's open turn: TurnOpen (nothing changed) unless forced.  The
+        # files passed-through writers hold go into the new epoch with it, or no mark
+        # (MarkRefused, nothing changed): see RewindOperations.writer_images.
+        cur = ctx.store.open_turn(ctx.ws)
+        same = cur is not None and (cur.session, cur.turn) == (session, turn)
+        held = [] if same else ctx.fs.writer_images()
         epoch = ctx.store.begin_turn(ctx.ws, session, turn, label, force=force,
-                                     flush=False)   # durable within _FLUSH_EVERY_S
-        ctx.fs.set_epoch(epoch.id)
+                                     flush=False,   # durable within _FLUSH_EVERY_S
+                                     records=held)
+        ctx.fs.set_epoch(epoch.id, recorded=[path for path, _ in held])
     return {"epoch": epoch.id, **_warnings(ctx)}
 
 
@@ -73,8 +79,9 @@ async def turn_end(ctx: DaemonHost, params: dict, emit) -> dict:
         await ctx.flush_writes()
         # no await until set_epoch (see turn_begin); another session's turn stays open
         before = ctx.store.current_epoch(ctx.ws).id
-        epoch = ctx.store.end_turn(ctx.ws, session, flush=False)
-        ctx.fs.set_epoch(epoch.id)
+        held = ctx.fs.writer_images() if ctx.store.open_turn(ctx.ws) else []   # as in turn_begin
+        epoch = ctx.store.end_turn(ctx.ws, session, flush=False, records=held)
+        ctx.fs.set_epoch(epoch.id, recorded=[path for path, _ in held])
     ctx.pushers.turn_ended()    # mount --auto: queued, never waited for
     # ended: False when no turn was open (the current epoch is returned unchanged)
     return {"epoch": epoch.id, "ended": epoch.id != before}

@@ -61,9 +61,9 @@ from rewindfs.store._errors import RewindfsError
 
 from rewindfs.overlay.tree import syscalls
 from rewindfs.overlay.tree.fdbudget import EXHAUSTED
-from rewindfs.overlay.capture import capture, rename_paths
+from rewindfs.overlay.capture import capture, images, rename_paths
 from rewindfs.overlay.tree.ignore import IGNORE_FILE, IgnoreRules
-from rewindfs.overlay.errors import BadIgnoreRules
+from rewindfs.overlay.errors import BadIgnoreRules, MarkRefused
 from rewindfs.overlay.fs.attrs import StatAttr
 from rewindfs.overlay.fs.inodes import InodeTable, child
 from rewindfs.overlay.fs.latewrites import LateWrites
@@ -207,14 +207,40 @@ class RewindOperations(pyfuse3.Operations):
 
     # -- epochs and capture --------------------------------------------------------
 
-    def set_epoch(self, epoch_id: int) -> None:
-        """Captures from now on go to *epoch_id*; the "already captured" set restarts."""
+    def set_epoch(self, epoch_id: int, recorded=()) -> None:
+        """Captures from now on go to *epoch_id*; the "already captured" set restarts
+        with *recorded* (paths the epoch was committed with: ``writer_images``)."""
         if epoch_id != self.epoch_id:
             self.epoch_id = epoch_id
             self.captured.clear()
+            self.captured.update(recorded)
             self._token = object()
             if self.pt_writers:
                 self._capture_passthrough_writers()
+
+    def writer_images(self) -> list:
+        """``(path, PreImage)`` of every name of the files passed-through writers hold,
+        as they are now, contents stored: for a turn mark to commit with its new epoch
+        (``Store.begin_turn``'s ``records``), then ``set_epoch(..., recorded=paths)``.
+        Their writes never reach us, so a mark whose epoch began without them would
+        leave no state of those files at the mark, and a rewind to it would keep what
+        the turn wrote there while saying it restored the mark.  ``MarkRefused`` when
+        one cannot be kept (the store full): the caller makes no mark, nothing changed."""
+        if not self.pt_writers:
+            return []
+        items = []
+        for node in {id(self.handles[fh]): self.handles[fh] for fh in self.pt_writers}.values():
+            items += [(p, node.is_dir) for p in node.paths]
+            if not node.is_dir:
+                items += self._twins(self._node_stat(node))
+        paths = [p for p, d in items if not self.rules.ignored(p, d)]
+        try:
+            return images(self.root_fd, self.store, paths, parent=self._parent)
+        except (RewindfsError, OSError) as exc:
+            self.stats["capture_errors"] += 1
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            raise MarkRefused(path=os.fsdecode(paths[0]) if paths else "a file",
+                              reason=reason) from None
 
     def passthrough_writer(self, fh: int) -> None:
         """Handle *fh* can write and is passed through: its writes will not reach us.

@@ -14,6 +14,7 @@ import os
 
 import pytest
 
+from rewindfs.store._errors import RewindfsError
 from store_fixtures import assert_sound
 from tmpfskit import small_tmpfs
 
@@ -179,3 +180,53 @@ def test_full_disk_still_dedups_stored_content(tmp_path, small_fs):
 def _open_new(path):
     from rewindfs.store import Store
     return Store.open(path)
+
+
+def test_store_full_at_a_mark_a_held_open_writer_is_never_restored_wrong(tmp_path, small_fs):
+    """A file held open for writing across a turn mark, the store's disk full at the
+    mark.  Under passthrough the mark captures that file (its writes never reach the
+    daemon) and here cannot.  Rewinding to the mark later must not hand back the file
+    as the turn left it while saying it is as it was at the mark (as it did: the mark
+    was made without that file's state): the mark is refused instead, nothing changed,
+    and made once there is room."""
+    ws, store = tmp_path / "ws", small_fs / "store"
+    ws.mkdir()
+    (ws / "log").write_bytes(b"A" * FILE)
+    (ws / "other").write_bytes(b"other at the start")
+    ws_fd = os.open(ws, os.O_RDONLY | os.O_DIRECTORY)
+    daemon = Daemon(ws, store)
+    try:
+        daemon.start()
+        daemon.call("turn.begin", session="s", turn=1, label="one")
+        fd = os.open(ws / "log", os.O_WRONLY)        # captured at open (A)
+        try:
+            os.pwrite(fd, b"B" * FILE, 0)
+            filler = small_fs / "filler"
+            free = os.statvfs(small_fs).f_bavail * os.statvfs(small_fs).f_frsize
+            filler.write_bytes(b"\0" * max(0, free - (64 << 10)))
+            try:
+                daemon.call("turn.begin", session="s", turn=2, label="two")
+            except RewindfsError as exc:     # refused: nothing changed, turn 1 goes on
+                assert exc.code == "mark-refused" and "log" in str(exc), exc
+                assert daemon.call("status")["open_turn"]["turn"] == 1
+            filler.unlink()
+            # the harness marks again (on main the first mark was made, without log)
+            mark = daemon.call("turn.begin", session="s", turn=2, label="two")["epoch"]
+            os.pwrite(fd, b"C" * FILE, 0)                # turn 2 changes it
+        finally:
+            os.close(fd)
+        (ws / "other").write_bytes(b"other in turn two")
+        daemon.call("turn.end")
+        assert _real(ws_fd, "log") == b"C" * FILE
+        res = daemon.call("rewind", to=f"e{mark}")
+        failed = {f["path"] for f in res["failed"]}
+        assert _real(ws_fd, "other") == b"other at the start" or "other" in failed
+        real = _real(ws_fd, "log")
+        assert real == b"B" * FILE or "log" in failed, (
+            f"log is {real[:1]!r}×{len(real)} after a rewind to the mark that reports "
+            f"it restored: {res}")
+        assert daemon.proc.poll() is None
+    finally:
+        os.close(ws_fd)
+        daemon.close()
+        ensure_unmounted(ws)

@@ -6,8 +6,8 @@ import os
 
 import pytest
 
-from rewindfs.store import (AmbiguousPoint, NothingToRedo, PreImage, SessionConflict, Store,
-                            StoreError, UnknownPoint)
+from rewindfs.store import (AmbiguousPoint, BadPath, NothingToRedo, PreImage, SessionConflict,
+                            Store, StoreError, UnknownPoint)
 from store_fixtures import store, store_path, ws  # noqa: F401  (fixtures)
 
 
@@ -217,3 +217,21 @@ def test_two_opens_in_one_process_share_the_environment(store_path, tmp_path):
         assert b.open_turn(ws) == e        # b still works after a closed
     finally:
         b.close()
+
+
+def test_a_mark_commits_its_epoch_and_the_records_given_with_it_together(store, ws):
+    """A turn mark's new epoch and the pre-images of the files writers hold open (the
+    daemon's ``writer_images``) are one transaction: never the epoch without them."""
+    first = store.begin_turn(ws, "s", 1, "one")
+    key, n = store.put_bytes(b"at the mark")
+    held = [(b"log", PreImage("file", 0o644, size=n, blob=key))]
+    second = store.begin_turn(ws, "s", 2, "two", records=held)
+    assert [p for p, _ in store.journal(ws, second.id)] == [b"log"]
+    assert store.state_at(ws, second.id, b"log") == held[0][1]
+    with pytest.raises(BadPath):                       # a record that cannot be made:
+        store.begin_turn(ws, "s", 3, "three", records=[(b"../escape", PreImage.ABSENT)])
+    assert store.current_epoch(ws).id == second.id     # no epoch without it
+    idle = store.end_turn(ws, "s", records=held)
+    assert [p for p, _ in store.journal(ws, idle.id)] == [b"log"]
+    assert store.end_turn(ws, "s", records=held).id == idle.id   # no turn: nothing
+    assert first.id < second.id < idle.id
