@@ -178,6 +178,7 @@ class RewindOperations(pyfuse3.Operations):
         self.rules_problem: str | None = None    # why a newer .rewindignore is not used
         self.links = InodeIndex(root_fd, self.rules)   # walked at its first use only
         self.epoch_id = store.current_epoch(ws).id
+        self._store_gen = store.generation()   # see _follow_store
         self.captured: set[bytes] = set()
         self._token = object()
         self.handles: dict[int, object] = {}
@@ -304,8 +305,22 @@ class RewindOperations(pyfuse3.Operations):
         self.links = InodeIndex(self.root_fd, self.rules)
         self._token = object()
 
+    def _follow_store(self) -> None:
+        """Before trusting ``captured`` and ``node.seen``: if anything committed to the
+        store since we last looked, and it began an epoch (another process using the
+        store, not through this daemon), follow it — else a change to a path captured
+        in the old epoch would land in the new one without its pre-image.  One
+        ``generation()`` read per mutating request; a read of the current epoch only
+        after some commit."""
+        gen = self.store.generation()
+        if gen != self._store_gen:
+            self._store_gen = gen
+            if self.store.current_epoch(self.ws).id != self.epoch_id:
+                self.epoch_changed()
+
     def _guard(self, items) -> None:
         """Commit the pre-image of every ``(path, is_dir)`` not yet captured (write-ahead)."""
+        self._follow_store()
         todo = [p for p, d in items if p not in self.captured and not self.rules.ignored(p, d)]
         if not todo:
             return
@@ -353,6 +368,7 @@ class RewindOperations(pyfuse3.Operations):
     def _guard_node(self, node) -> None:
         """Capture every name of *node* before it changes — for a multiply-linked file
         also the names the table does not know (``_twins``)."""
+        self._follow_store()
         if node.seen is not self._token:
             items = [(p, node.is_dir) for p in node.paths]
             if not node.is_dir:
@@ -825,8 +841,7 @@ class RewindOperations(pyfuse3.Operations):
         the writer lacks ``CAP_FSETID``, so the set-id bits go, as a local write would
         drop them (the daemon writes as root, which keeps them)."""
         node = self.handles[fh]
-        if node.seen is not self._token:
-            self._guard_node(node)
+        self._guard_node(node)
         node.wrote = True
         if fh in self.sync_handles:
             self.store.sync()        # this pwrite is durable when it returns
@@ -852,8 +867,7 @@ class RewindOperations(pyfuse3.Operations):
         pyfuse3 has no such operation, so through the libfuse session the kernel answers
         ``EOPNOTSUPP``)."""
         node = self.handles[fh]
-        if node.seen is not self._token:
-            self._guard_node(node)
+        self._guard_node(node)
         node.wrote = True
         if fh in self.sync_handles:
             self.store.sync()
@@ -867,8 +881,7 @@ class RewindOperations(pyfuse3.Operations):
         """Copy inside the real filesystem (no bytes through us); the destination is
         captured first, like ``write``.  Returns the number of bytes copied."""
         node = self.handles[fh_out]
-        if node.seen is not self._token:
-            self._guard_node(node)
+        self._guard_node(node)
         node.wrote = True
         if fh_out in self.sync_handles:
             self.store.sync()

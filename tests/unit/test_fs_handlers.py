@@ -862,14 +862,11 @@ async def test_the_root_directory_itself_is_captured_before_it_changes(t):
     assert os.getxattr(t.root, "user.r") == b"2"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bug: the filesystem learns of an epoch begun by another process only when a "
-    "capture fails with EpochClosed; a write to a file already captured in the old "
-    "epoch makes no capture, so it lands in the new epoch with no pre-image there"))
 async def test_a_write_after_an_epoch_moved_behind_the_filesystem_is_captured(t):
     """Found by the in-process tests (the mount test of the same rule starts with a
-    capture that fails, which is when the filesystem follows).  The store is shared by
-    several processes (docs/store.md); the state of ``f`` at the new point is ``b``,
+    capture that fails, which is when the filesystem followed, until it learned to look
+    at the store's generation before trusting what it captured).  The store is shared
+    by several processes (docs/store.md); the state of ``f`` at the new point is ``b``,
     and only a pre-image in that epoch can say so."""
     t.write("f", b"a")
     t.turn()
