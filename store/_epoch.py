@@ -63,10 +63,31 @@ def decode(key: bytes, raw) -> Epoch:
                      paths, nbytes, target)
 
 
+# The last record decoded or written per epoch id, as (stored bytes, Epoch).  A capture
+# reads its epoch and rewrites the counters in every commit; ``decode`` is a pure
+# function of (key, bytes), so bytes equal to the ones kept need no second check and
+# decoding (a memo, not a cache that can go stale: any other bytes are decoded).
+_recent: dict[int, tuple[bytes, Epoch]] = {}
+_RECENT_MAX = 4096
+
+
 def get(txn, db, epoch_id: int) -> Epoch | None:
     key = S.u64(epoch_id)
     raw = txn.get(key, db=db["epochs"])
-    return None if raw is None else decode(key, raw)
+    if raw is None:
+        return None
+    hit = _recent.get(epoch_id)
+    if hit is not None and hit[0] == raw:
+        return hit[1]
+    e = decode(key, raw)
+    _remember(e, raw)
+    return e
+
+
+def _remember(e: Epoch, raw: bytes) -> None:
+    if len(_recent) >= _RECENT_MAX:
+        _recent.clear()
+    _recent[e.id] = (bytes(raw), e)
 
 
 def get_known(txn, db, epoch_id) -> Epoch:
@@ -92,7 +113,9 @@ def _named(epoch_id):
 
 
 def put(txn, db, e: Epoch) -> None:
-    txn.put(S.u64(e.id), _encode(e), db=db["epochs"])
+    raw = _encode(e)
+    txn.put(S.u64(e.id), raw, db=db["epochs"])
+    _remember(e, raw)
 
 
 def last(txn, db, ws: int) -> Epoch | None:

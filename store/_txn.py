@@ -33,28 +33,99 @@ def translate():
     """Map lmdb/OS errors raised inside the block to the store's error classes."""
     try:
         yield
-    except RewindfsError:
-        raise
-    except lmdb.MapFullError as exc:
-        raise StoreFull("the index map is full") from exc
-    except lmdb.Error as exc:
+    except BaseException as exc:
+        translated = _translated(exc)
+        if translated is None:
+            raise
+        raise translated from exc
+
+
+def _translated(exc: BaseException) -> RewindfsError | None:
+    """The store error ``exc`` stands for; None: let it through as it is."""
+    if isinstance(exc, RewindfsError):
+        return None
+    if isinstance(exc, lmdb.MapFullError):
+        return StoreFull("the index map is full")
+    if isinstance(exc, lmdb.Error):
         # py-lmdb reports a failed write(2) as a plain Error carrying strerror
         if any(os.strerror(e) in str(exc) for e in _FULL_ERRNOS):
-            raise StoreFull(f"index: {exc}") from exc
-        raise StoreError(f"index: {exc}") from exc
-    except OSError as exc:
+            return StoreFull(f"index: {exc}")
+        return StoreError(f"index: {exc}")
+    if isinstance(exc, OSError):
         if exc.errno in _FULL_ERRNOS:
-            raise StoreFull(exc.strerror or "no space") from exc
-        raise StoreError(f"{exc.strerror or exc}: {exc.filename or ''}") from exc
+            return StoreFull(exc.strerror or "no space")
+        return StoreError(f"{exc.strerror or exc}: {exc.filename or ''}")
+    return None
 
 
-@contextlib.contextmanager
-def write(env: lmdb.Environment):
-    """A write transaction: serialised across threads and processes by LMDB.  Once it
-    has committed it is pending for ``sync``."""
-    with translate(), _short_write_is_full(env), env.begin(write=True) as txn:
-        yield txn
-    _state(env).committed()
+class write:
+    """``with write(env) as txn:`` a write transaction, serialised across threads and
+    processes by LMDB; errors leave as the store's (``translate``).  Once it has
+    committed it is pending for ``sync``.  (A class, not ``contextlib``'s generator:
+    every capture runs one, and the three nested generators cost more than the
+    commit's Python.)"""
+
+    __slots__ = ("env", "txn")
+
+    def __init__(self, env: lmdb.Environment):
+        self.env = env
+
+    def __enter__(self) -> lmdb.Transaction:
+        try:
+            self.txn = self.env.begin(write=True)
+        except BaseException as exc:
+            _raise_as_store_error(exc, self.env)
+            raise
+        return self.txn
+
+    def __exit__(self, typ, exc, tb) -> bool:
+        if typ is not None:
+            self.txn.abort()
+            _raise_as_store_error(exc, self.env)
+            return False
+        try:
+            self.txn.commit()
+        except BaseException as exc2:
+            _raise_as_store_error(exc2, self.env)
+            raise
+        _state(self.env).committed()
+        return False
+
+
+class read:
+    """``with read(env) as txn:`` a read transaction: a consistent snapshot, never
+    blocks writers; errors leave as the store's (``translate``)."""
+
+    __slots__ = ("env", "txn")
+
+    def __init__(self, env: lmdb.Environment):
+        self.env = env
+
+    def __enter__(self) -> lmdb.Transaction:
+        try:
+            self.txn = self.env.begin(buffers=False)
+        except BaseException as exc:
+            _raise_as_store_error(exc, None)
+            raise
+        return self.txn
+
+    def __exit__(self, typ, exc, tb) -> bool:
+        self.txn.abort()       # a read transaction has nothing to commit
+        if typ is not None:
+            _raise_as_store_error(exc, None)
+        return False
+
+
+def _raise_as_store_error(exc: BaseException, env: lmdb.Environment | None) -> None:
+    """Raise the store error ``exc`` stands for, if any (else return: the caller lets
+    ``exc`` go on).  With ``env`` (a write transaction), a short write of a commit on a
+    full disk is ``StoreFull``."""
+    if env is not None and isinstance(exc, lmdb.Error) \
+            and os.strerror(errno.EIO) in str(exc) and _nearly_full(env.path()):
+        raise StoreFull(f"index: {exc} (the disk is full)") from exc
+    translated = _translated(exc)
+    if translated is not None:
+        raise translated from exc
 
 
 class _Pending:
@@ -107,21 +178,11 @@ def sync_statistics(env: lmdb.Environment) -> dict:
         return {"commits": state.commits, "synced": state.synced, "syncs": state.syncs}
 
 
-# Below this much free space a failed commit is taken for a full disk (see below).
+# LMDB reports a *short* write of a commit — the disk filled part-way through a commit
+# of many pages (a batch of blobs) — as EIO, not ENOSPC (``mdb_page_flush``): ``write``
+# tells it from a real I/O error by the space left on the index's file system, and
+# below this much free space takes it for a full disk.
 _FULL_SLACK = 1 << 20
-
-
-@contextlib.contextmanager
-def _short_write_is_full(env: lmdb.Environment):
-    """LMDB reports a *short* write of a commit — the disk filled part-way through a
-    commit of many pages (a batch of blobs) — as EIO, not ENOSPC (``mdb_page_flush``).
-    Tell it from a real I/O error by the space left on the index's file system."""
-    try:
-        yield
-    except lmdb.Error as exc:
-        if os.strerror(errno.EIO) not in str(exc) or not _nearly_full(env.path()):
-            raise
-        raise StoreFull(f"index: {exc} (the disk is full)") from exc
 
 
 def _nearly_full(path: str) -> bool:
@@ -131,10 +192,3 @@ def _nearly_full(path: str) -> bool:
         return False
     free = st.f_bfree if os.geteuid() == 0 else st.f_bavail
     return free * st.f_frsize < _FULL_SLACK
-
-
-@contextlib.contextmanager
-def read(env: lmdb.Environment):
-    """A read transaction: a consistent snapshot, never blocks writers."""
-    with translate(), env.begin(buffers=False) as txn:
-        yield txn
