@@ -238,6 +238,14 @@ def capture(root_fd: int, store, ws: int, epoch_id: int, relpaths, *,
     return [path for path, new in zip(todo, fresh) if new]
 
 
+def record_absent(store, ws: int, epoch_id: int, relpaths) -> None:
+    """``capture`` of paths the caller has just seen not to exist (the name a create
+    makes): their pre-image is ``absent``, recorded without looking again or asking the
+    store first.  The same contract as ``capture``; a path already recorded in the
+    epoch keeps its first image (``record`` never overwrites one)."""
+    store.record(ws, epoch_id, [(path, PreImage.ABSENT) for path in dict.fromkeys(relpaths)])
+
+
 def images(root_fd: int, store, relpaths, *, parent) -> list[tuple[bytes, PreImage]]:
     """``(path, image)`` of each distinct path of *relpaths* as it is now, contents in
     the store, recorded nowhere yet: for a caller that commits them in the same

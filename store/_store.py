@@ -49,6 +49,7 @@ class Store:
         self._closed = False
         self._real = os.fsencode(os.path.realpath(path))
         self.blobs = BlobArea(env, db["blobs"], str(path / "blobs"))
+        self._thread = threading.local()   # recorded_at()
 
     # -- lifecycle ------------------------------------------------------------------
     @classmethod
@@ -411,7 +412,20 @@ class Store:
         longer open."""
         entries = list(entries)
         with self._w() as txn:
-            return _journal.record(txn, self._db, ws, epoch_id, entries)
+            fresh = _journal.record(txn, self._db, ws, epoch_id, entries)
+            at = txn.id()
+        self._thread.recorded_at = at    # only once it has committed
+        return fresh
+
+    def recorded_at(self) -> int | None:
+        """The ``generation()`` of the last ``record`` this thread committed, handed out
+        once (then None).  ``record`` refuses a closed epoch and beginning an epoch
+        closes the one before, so that epoch was the open one at that generation: a
+        caller that sees ``generation()`` still equal to it knows nothing has
+        committed since, without reading the epoch again."""
+        at = getattr(self._thread, "recorded_at", None)
+        self._thread.recorded_at = None
+        return at
 
     def is_recorded(self, ws, epoch_id, path) -> bool:
         with self._r() as txn:

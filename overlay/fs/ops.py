@@ -61,7 +61,7 @@ from rewindfs.store._errors import RewindfsError
 
 from rewindfs.overlay.tree import syscalls
 from rewindfs.overlay.tree.fdbudget import EXHAUSTED
-from rewindfs.overlay.capture import capture, images, rename_paths
+from rewindfs.overlay.capture import capture, images, record_absent, rename_paths
 from rewindfs.overlay.tree.ignore import IGNORE_FILE, IgnoreRules
 from rewindfs.overlay.errors import BadIgnoreRules, MarkRefused
 from rewindfs.overlay.fs.attrs import StatAttr
@@ -318,8 +318,10 @@ class RewindOperations(pyfuse3.Operations):
             if self.store.current_epoch(self.ws).id != self.epoch_id:
                 self.epoch_changed()
 
-    def _guard(self, items) -> None:
-        """Commit the pre-image of every ``(path, is_dir)`` not yet captured (write-ahead)."""
+    def _guard(self, items, *, absent: bool = False) -> None:
+        """Commit the pre-image of every ``(path, is_dir)`` not yet captured (write-ahead).
+        ``absent``: the caller has just seen that none of the paths exists (a create's
+        new name), so their pre-image is ``absent`` without looking again."""
         self._follow_store()
         todo = [p for p, d in items if p not in self.captured and not self.rules.ignored(p, d)]
         if not todo:
@@ -328,13 +330,13 @@ class RewindOperations(pyfuse3.Operations):
             log.debug("capture %r in epoch %d", todo, self.epoch_id)
         try:
             try:
-                self._capture(todo)
+                self._capture(todo, absent)
             except EpochClosed:
                 # Another process moved the workspace to a new epoch behind our back:
                 # follow it (dropping the captured set) and capture there.
                 self.epoch_changed()
                 todo = [p for p, d in items if not self.rules.ignored(p, d)]
-                self._capture(todo)
+                self._capture(todo, absent)
         except (RewindfsError, OSError) as exc:
             self.stats["capture_errors"] += 1
             log.warning("capture of %d path(s) failed, refusing the change: %s", len(todo), exc)
@@ -343,10 +345,18 @@ class RewindOperations(pyfuse3.Operations):
             raise FUSEError(code) from None
         self.stats["captures"] += len(todo)
         self.captured.update(todo)
+        at = self.store.recorded_at()
+        if at is not None:
+            # Our epoch was the open one at that commit: _follow_store need not read it
+            # again unless something commits after it (each create commits one).
+            self._store_gen = at
 
-    def _capture(self, todo) -> None:
+    def _capture(self, todo, absent: bool = False) -> None:
         """``capture`` of *todo*; out of fds, shed the directory cache and try once more
         (nothing was recorded, nothing changed yet: capture is all or nothing)."""
+        if absent:
+            record_absent(self.store, self.ws, self.epoch_id, todo)
+            return
         try:
             capture(self.root_fd, self.store, self.ws, self.epoch_id, todo,
                     parent=self._parent)
@@ -813,7 +823,7 @@ class RewindOperations(pyfuse3.Operations):
         # A name that exists after all (a stale negative dentry) is opened for writing:
         # its inode's other names change with it, so they are captured too.
         before = self._lstat_or_none(path)
-        self._guard([(path, False), *self._twins(before)])
+        self._guard([(path, False), *self._twins(before)], absent=before is None)
         with self._parent(path) as (fd, n):
             rfd = os.open(n, self._real_flags(flags) | os.O_CREAT | (flags & os.O_EXCL),
                           stat.S_IMODE(mode), dir_fd=fd)   # O_EXCL: EEXIST, as on disk

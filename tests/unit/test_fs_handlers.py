@@ -877,6 +877,39 @@ async def test_a_write_after_an_epoch_moved_behind_the_filesystem_is_captured(t)
     assert t.content(t.journal(other)[b"f"]) == b"b"
 
 
+async def test_an_epoch_moved_right_after_a_create_is_followed(t):
+    """A create commits its ``absent`` record, and the filesystem then trusts its epoch
+    while nothing else has committed: an epoch begun after that commit must still be
+    seen before the next change."""
+    t.write("f", b"a")
+    t.turn()
+    await t.put("f", b"b")
+    info, _ = await t.fs.create(ROOT, b"new", 0o100644, os.O_WRONLY | os.O_CREAT, REQ)
+    await t.fs.release(info.fh)
+    other = t.store.begin_turn(t.ws, "elsewhere", 1, "out of band", force=True).id
+    await t.put("f", b"c")
+    assert t.fs.epoch_id == other
+    assert t.content(t.journal(other)[b"f"]) == b"b"
+
+
+async def test_a_create_keeps_the_first_image_of_a_name_recorded_before(t):
+    """A create records its new name ``absent`` without asking the store first; a name
+    already recorded in the epoch — here by the daemon before it restarted, when the
+    file still had content — keeps that first image, so a rewind brings the content
+    back rather than deleting the file."""
+    t.write("f", b"first")
+    t.turn()
+    await t.fs.unlink(ROOT, b"f", REQ)                    # captured: "first"
+    again = RewindOperations(t.root_fd, t.store, t.ws)   # a new daemon, same epoch
+    try:
+        info, _ = await again.create(ROOT, b"f", 0o100644,
+                                     os.O_WRONLY | os.O_CREAT | os.O_EXCL, REQ)
+        await again.release(info.fh)
+    finally:
+        again.close()
+    assert t.content(t.journal()[b"f"]) == b"first"
+
+
 async def test_create_truncating_a_hard_linked_name_captures_every_name(t):
     t.write("a", b"shared")
     os.link(t.p("a"), t.p("b"))

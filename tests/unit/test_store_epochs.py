@@ -6,8 +6,8 @@ import os
 
 import pytest
 
-from rewindfs.store import (AmbiguousPoint, BadPath, NothingToRedo, PreImage, SessionConflict,
-                            Store, StoreError, UnknownPoint)
+from rewindfs.store import (AmbiguousPoint, BadPath, EpochClosed, NothingToRedo, PreImage,
+                            SessionConflict, Store, StoreError, UnknownPoint)
 from store_fixtures import store, store_path, ws  # noqa: F401  (fixtures)
 
 
@@ -235,3 +235,48 @@ def test_a_mark_commits_its_epoch_and_the_records_given_with_it_together(store, 
     assert [p for p, _ in store.journal(ws, idle.id)] == [b"log"]
     assert store.end_turn(ws, "s", records=held).id == idle.id   # no turn: nothing
     assert first.id < second.id < idle.id
+
+
+def test_recorded_at_is_the_generation_of_this_threads_last_record_once(store, ws):
+    """The filesystem trusts what it captured without reading its epoch again while the
+    store's generation is the one of its own last record (``_follow_store``): that
+    number must be the commit's, handed out once, never a failed record's."""
+    import threading
+    e = store.begin_turn(ws, "s", 1, "t").id
+    assert store.recorded_at() is None
+    store.record(ws, e, [(b"a", PreImage.ABSENT)])
+    assert store.recorded_at() == store.generation()
+    assert store.recorded_at() is None                      # once
+    store.record(ws, e, [(b"b", PreImage.ABSENT)])
+    seen = []
+    other = threading.Thread(target=lambda: seen.append(store.recorded_at()))
+    other.start()
+    other.join()
+    assert seen == [None]                                   # per thread
+    assert store.recorded_at() == store.generation()
+    store.begin_turn(ws, "s", 2, "t")                       # closes e
+    with pytest.raises(EpochClosed):
+        store.record(ws, e, [(b"c", PreImage.ABSENT)])
+    assert store.recorded_at() is None     # the refused record: no generation of its own
+
+
+def test_an_epoch_record_damaged_after_it_was_read_is_still_named(store, ws):
+    """Reading an epoch keeps its decoded record for the next read of the same bytes;
+    other bytes — a record damaged on disk since — are checked again (invariant 15)."""
+    from rewindfs.store import IndexCorrupt
+    from rewindfs.store import _schema as S
+    e = store.begin_turn(ws, "s", 1, "t").id
+    store.record(ws, e, [(b"a", PreImage.ABSENT)])
+    assert store.current_epoch(ws).paths == 1               # read, and kept
+    with store._w() as txn:
+        good = txn.get(S.u64(e), db=store._db["epochs"])
+        bad = bytearray(good)
+        bad[3] ^= 0x40
+        txn.put(S.u64(e), bytes(bad), db=store._db["epochs"])
+    with pytest.raises(IndexCorrupt):
+        store.current_epoch(ws)
+    with pytest.raises(IndexCorrupt):
+        store.record(ws, e, [(b"b", PreImage.ABSENT)])
+    with store._w() as txn:                                 # repaired: read as before
+        txn.put(S.u64(e), good, db=store._db["epochs"])
+    assert store.current_epoch(ws).paths == 1
