@@ -878,7 +878,26 @@ def machine_facts(work: Path) -> dict:
     import pyfuse3
     return {"cpu": cpu, "cores": os.cpu_count(), "ram_gib": round(int(mem) / (1 << 20), 1),
             "pyfuse3": getattr(pyfuse3, "__version__", "?"), "kernel": platform.release(),
-            "filesystem": fs, "python": platform.python_version()}
+            "filesystem": fs, "python": platform.python_version(),
+            "idle": _idle_policy()}
+
+
+def _idle_policy() -> str:
+    """How an idle CPU waits: every FUSE round trip leaves the caller's CPU idle until
+    the reply, and a guest that halts at once pays the hypervisor's wake-up each time
+    (``haltpoll.guest_halt_poll_ns=0`` on this VM's command line; the kernel's default
+    is 200000).  Ratios of request-dense workloads differ by ~1.6x between the two, so
+    runs with different values are not comparable."""
+    base = Path("/sys/devices/system/cpu/cpuidle")
+    try:
+        driver = (base / "current_driver").read_text().strip()
+    except OSError:
+        return "unknown"
+    try:
+        poll = Path("/sys/module/haltpoll/parameters/guest_halt_poll_ns").read_text().strip()
+        return f"{driver}, guest_halt_poll_ns {poll}"
+    except OSError:
+        return driver
 
 
 def markdown(report: dict) -> str:
