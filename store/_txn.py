@@ -58,25 +58,32 @@ def _translated(exc: BaseException) -> RewindfsError | None:
     return None
 
 
-class write:
-    """``with write(env) as txn:`` a write transaction, serialised across threads and
-    processes by LMDB; errors leave as the store's (``translate``).  Once it has
-    committed it is pending for ``sync``.  (A class, not ``contextlib``'s generator:
-    every capture runs one, and the three nested generators cost more than the
-    commit's Python.)"""
+class _Transaction:
+    """An LMDB transaction as a context manager whose errors leave as the store's
+    (``translate``).  (A class, not ``contextlib``'s generators: every capture runs two,
+    and three nested generators cost more than a commit's Python.)"""
 
     __slots__ = ("env", "txn")
+    writes = False
 
     def __init__(self, env: lmdb.Environment):
         self.env = env
 
     def __enter__(self) -> lmdb.Transaction:
         try:
-            self.txn = self.env.begin(write=True)
+            self.txn = self.env.begin(write=self.writes, buffers=False)
         except BaseException as exc:
-            _raise_as_store_error(exc, self.env)
+            _raise_as_store_error(exc, self.env if self.writes else None)
             raise
         return self.txn
+
+
+class write(_Transaction):
+    """``with write(env) as txn:`` a write transaction, serialised across threads and
+    processes by LMDB.  Once it has committed it is pending for ``sync``."""
+
+    __slots__ = ()
+    writes = True
 
     def __exit__(self, typ, exc, tb) -> bool:
         if typ is not None:
@@ -92,22 +99,11 @@ class write:
         return False
 
 
-class read:
+class read(_Transaction):
     """``with read(env) as txn:`` a read transaction: a consistent snapshot, never
-    blocks writers; errors leave as the store's (``translate``)."""
+    blocks writers."""
 
-    __slots__ = ("env", "txn")
-
-    def __init__(self, env: lmdb.Environment):
-        self.env = env
-
-    def __enter__(self) -> lmdb.Transaction:
-        try:
-            self.txn = self.env.begin(buffers=False)
-        except BaseException as exc:
-            _raise_as_store_error(exc, None)
-            raise
-        return self.txn
+    __slots__ = ()
 
     def __exit__(self, typ, exc, tb) -> bool:
         self.txn.abort()       # a read transaction has nothing to commit
