@@ -886,8 +886,8 @@ def _idle_policy() -> str:
     """How an idle CPU waits: every FUSE round trip leaves the caller's CPU idle until
     the reply, and a guest that halts at once pays the hypervisor's wake-up each time
     (``haltpoll.guest_halt_poll_ns=0`` on this VM's command line; the kernel's default
-    is 200000).  Ratios of request-dense workloads differ by ~1.6x between the two, so
-    runs with different values are not comparable."""
+    is 200000).  Ratios of request-dense workloads differ by 1.3-1.8x between the two
+    (docs/benchmarks.md, fifth pass), so runs with different values are not comparable."""
     base = Path("/sys/devices/system/cpu/cpuidle")
     try:
         driver = (base / "current_driver").read_text().strip()
