@@ -24,6 +24,7 @@ import json
 import logging
 import os
 import signal
+import stat
 import sys
 
 import trio
@@ -140,11 +141,18 @@ class DaemonContext:
         path = self.workspace_path
         if not (self.fs.enable_writeback_cache and self.fs.writers_open()):
             return
+        writing = self.fs.writer_paths()
 
         def sync():
             fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
             try:
                 syscalls.syncfs(fd)
+                # syncfs waits for the pages it wrote back, but FUSE may end a page's
+                # writeback before its WRITE has reached us; only fsync waits for those
+                # (fuse_sync_writes).  Without it a write(2) that returned before the
+                # mark was asked could land in the next turn (test_rel_markrace).
+                for rel in writing:
+                    _fdatasync_at(fd, rel)
             finally:
                 os.close(fd)
 
@@ -166,6 +174,26 @@ class DaemonContext:
         bypass capture).  Runs in a thread: stat-ing a cwd inside our own mount would
         otherwise wait on ourselves."""
         return await trio.to_thread.run_sync(_bypass_pids, self.workspace_path, self._real_dev)
+
+
+def _fdatasync_at(dir_fd: int, rel: bytes) -> None:
+    """``fdatasync`` of *rel* through the mount, if it is still a regular file there (a
+    name renamed or removed meanwhile is skipped: syncfs pushed its pages).  Out of fds
+    it raises, for ``flush_writes`` to shed and retry or refuse the mark."""
+    try:
+        fd = os.open(rel, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY
+                     | os.O_CLOEXEC, dir_fd=dir_fd)
+    except OSError as exc:
+        if exc.errno in EXHAUSTED:
+            raise
+        return
+    try:
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            os.fdatasync(fd)
+    except OSError as exc:
+        log.warning("fdatasync of %r at a turn mark failed: %s", rel, exc)
+    finally:
+        os.close(fd)
 
 
 def _bypass_pids(ws: bytes, real_dev: int) -> list[int]:

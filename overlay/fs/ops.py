@@ -1073,6 +1073,13 @@ class RewindOperations(pyfuse3.Operations):
         no writer open a turn mark has nothing to flush."""
         return bool(self.writers)
 
+    def writer_paths(self) -> list[bytes]:
+        """A name of each file open for writing, relative to the root: the files whose
+        WRITEs a turn mark waits for (``Daemon.flush_writes``)."""
+        names = (self.handles[fh].path for fh in self.writers
+                 if fh in self.handles and self.handles[fh].paths)
+        return list(dict.fromkeys(names))
+
     def unfence_writes(self, key: tuple[int, int]) -> None:
         self.fenced.discard(key)
 
