@@ -217,12 +217,13 @@ def snapshot(root_fd: int, relpath: bytes, store, *, with_content: bool = True) 
 
 
 def capture(root_fd: int, store, ws: int, epoch_id: int, relpaths, *,
-            parent=None) -> list[bytes]:
+            parent=None) -> int | None:
     """Record the current state of every path in *relpaths* not yet recorded in the epoch.
 
     Write-ahead: returns after one committed ``store.record`` call; raises (``StoreFull``,
-    ``StoreError``, ``OSError``) with nothing recorded on failure.  Returns the paths
-    newly recorded (paths already recorded in that epoch keep their first image).
+    ``StoreError``, ``OSError``) with nothing recorded on failure.  Returns that commit's
+    ``generation`` (see ``store.Recorded``), None if every path was recorded already
+    (those keep their first image: nothing committed).
     ``parent(relpath)``, if given, is a context manager yielding ``(dir_fd, name)`` for
     a path (the filesystem passes its cached directory fds); the default walks from the
     root with ``open_parent``.  A path below a symlink is recorded ``absent`` (it names
@@ -230,20 +231,20 @@ def capture(root_fd: int, store, ws: int, epoch_id: int, relpaths, *,
     """
     todo = _unrecorded(store, ws, epoch_id, relpaths)
     if not todo:
-        return []
+        return None
     if parent is None:
         parent = functools.partial(parent_of, root_fd)
     entries = [(path, _snapshot_via(parent, root_fd, path, store)) for path in todo]
-    fresh = store.record(ws, epoch_id, entries)
-    return [path for path, new in zip(todo, fresh) if new]
+    return store.record(ws, epoch_id, entries).generation
 
 
-def record_absent(store, ws: int, epoch_id: int, relpaths) -> None:
+def record_absent(store, ws: int, epoch_id: int, relpaths) -> int | None:
     """``capture`` of paths the caller has just seen not to exist (the name a create
     makes): their pre-image is ``absent``, recorded without looking again or asking the
     store first.  The same contract as ``capture``; a path already recorded in the
     epoch keeps its first image (``record`` never overwrites one)."""
-    store.record(ws, epoch_id, [(path, PreImage.ABSENT) for path in dict.fromkeys(relpaths)])
+    entries = [(path, PreImage.ABSENT) for path in dict.fromkeys(relpaths)]
+    return store.record(ws, epoch_id, entries).generation
 
 
 def images(root_fd: int, store, relpaths, *, parent) -> list[tuple[bytes, PreImage]]:
@@ -277,7 +278,7 @@ def capture_images(root_fd: int, store, ws: int, epoch_id: int, relpaths, *,
     if not todo:
         return {}
     entries = _snapshot_batched(parent_at, root_fd, todo, store, put_file)
-    fresh = store.record(ws, epoch_id, entries)
+    fresh = store.record(ws, epoch_id, entries).fresh
     return {path: img for (path, img), new in zip(entries, fresh) if new}
 
 

@@ -12,7 +12,7 @@ from ._errors import (
 )
 from ._gc import GcReport
 from ._history import RedoStale
-from ._journal import EpochClosed
+from ._journal import EpochClosed, Recorded
 from ._plan import Action, Plan
 from ._preimage import PreImage, check_relpath
 from ._session import AmbiguousPoint, BadSession, SessionConflict
@@ -22,7 +22,7 @@ __all__ = [
     "INLINE_MAX", "Action", "AmbiguousPoint", "BadPath", "BadPoint", "BadSession", "BlobCollision",
     "BlobCorrupt", "BlobMissing", "Epoch", "EpochClosed", "FsckReport", "GcReport",
     "IndexCorrupt", "InternalError", "NothingToRedo", "PathEscape", "Plan", "PreImage", "Problem",
-    "RedoStale", "RewindfsError", "SchemaTooNew", "SessionConflict", "Store", "StoreError", "StoreFull",
+    "Recorded", "RedoStale", "RewindfsError", "SchemaTooNew", "SessionConflict", "Store", "StoreError", "StoreFull",
     "StoreInsideWorkspace", "TurnOpen", "UnknownPoint",
     "check_relpath", "hash_fd",
 ]

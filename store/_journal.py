@@ -11,10 +11,26 @@ current one (otherwise the mutation would land in an epoch without its pre-image
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from . import _epoch
 from . import _schema as S
 from ._errors import IndexCorrupt, StoreError
 from ._preimage import Damaged, PreImage, check_relpath, decode, encode
+
+
+class Recorded(NamedTuple):
+    """What ``Store.record`` committed: ``fresh[i]`` is whether entry *i* was newly
+    recorded (a path already recorded in the epoch keeps its first image), and
+    ``generation`` the store's ``generation()`` right after the commit.  ``record``
+    refuses a closed epoch and beginning an epoch closes the one before, so the epoch
+    was the open one at that generation: a caller that still sees it as the store's
+    generation knows nothing has committed since, without reading the epoch again.
+
+    ``generation`` is None when nothing was new: LMDB then commits nothing and the
+    number the transaction had goes to the next commit, which may be anyone's."""
+    fresh: list[bool]
+    generation: int | None
 
 
 class EpochClosed(StoreError):

@@ -49,7 +49,6 @@ class Store:
         self._closed = False
         self._real = os.fsencode(os.path.realpath(path))
         self.blobs = BlobArea(env, db["blobs"], str(path / "blobs"))
-        self._thread = threading.local()   # recorded_at()
 
     # -- lifecycle ------------------------------------------------------------------
     @classmethod
@@ -406,26 +405,15 @@ class Store:
         return self.blobs.copy_to_fd(key, fd)
 
     # -- journal ----------------------------------------------------------------------
-    def record(self, ws, epoch_id, entries) -> list[bool]:
+    def record(self, ws, epoch_id, entries) -> _journal.Recorded:
         """Record pre-images (write-ahead: durable against a process crash on return).
         One transaction: all entries or none.  ``EpochClosed`` if the epoch is no
-        longer open."""
+        longer open.  Returns which entries were new and the commit's generation."""
         entries = list(entries)
         with self._w() as txn:
             fresh = _journal.record(txn, self._db, ws, epoch_id, entries)
-            at = txn.id()
-        self._thread.recorded_at = at    # only once it has committed
-        return fresh
-
-    def recorded_at(self) -> int | None:
-        """The ``generation()`` of the last ``record`` this thread committed, handed out
-        once (then None).  ``record`` refuses a closed epoch and beginning an epoch
-        closes the one before, so that epoch was the open one at that generation: a
-        caller that sees ``generation()`` still equal to it knows nothing has
-        committed since, without reading the epoch again."""
-        at = getattr(self._thread, "recorded_at", None)
-        self._thread.recorded_at = None
-        return at
+            at = txn.id() if any(fresh) else None
+        return _journal.Recorded(fresh, at)
 
     def is_recorded(self, ws, epoch_id, path) -> bool:
         with self._r() as txn:

@@ -330,13 +330,13 @@ class RewindOperations(pyfuse3.Operations):
             log.debug("capture %r in epoch %d", todo, self.epoch_id)
         try:
             try:
-                self._capture(todo, absent)
+                committed = self._capture(todo, absent)
             except EpochClosed:
                 # Another process moved the workspace to a new epoch behind our back:
                 # follow it (dropping the captured set) and capture there.
                 self.epoch_changed()
                 todo = [p for p, d in items if not self.rules.ignored(p, d)]
-                self._capture(todo, absent)
+                committed = self._capture(todo, absent)
         except (RewindfsError, OSError) as exc:
             self.stats["capture_errors"] += 1
             log.warning("capture of %d path(s) failed, refusing the change: %s", len(todo), exc)
@@ -345,26 +345,26 @@ class RewindOperations(pyfuse3.Operations):
             raise FUSEError(code) from None
         self.stats["captures"] += len(todo)
         self.captured.update(todo)
-        at = self.store.recorded_at()
-        if at is not None:
-            # Our epoch was the open one at that commit: _follow_store need not read it
-            # again unless something commits after it (each create commits one).
-            self._store_gen = at
+        if committed is not None:
+            # Our epoch was the open one at that commit (store.Recorded): _follow_store
+            # need not read it again unless something commits after it (each create
+            # commits one).
+            self._store_gen = committed
 
-    def _capture(self, todo, absent: bool = False) -> None:
-        """``capture`` of *todo*; out of fds, shed the directory cache and try once more
-        (nothing was recorded, nothing changed yet: capture is all or nothing)."""
+    def _capture(self, todo, absent: bool = False) -> int | None:
+        """``capture`` of *todo*, returning its commit's generation (None: nothing to
+        record); out of fds, shed the directory cache and try once more (nothing was
+        recorded, nothing changed yet: capture is all or nothing)."""
         if absent:
-            record_absent(self.store, self.ws, self.epoch_id, todo)
-            return
+            return record_absent(self.store, self.ws, self.epoch_id, todo)
         try:
-            capture(self.root_fd, self.store, self.ws, self.epoch_id, todo,
-                    parent=self._parent)
+            return capture(self.root_fd, self.store, self.ws, self.epoch_id, todo,
+                           parent=self._parent)
         except OSError as exc:
             if exc.errno not in EXHAUSTED or not self.table.shed():
                 raise
-            capture(self.root_fd, self.store, self.ws, self.epoch_id, todo,
-                    parent=self._parent)
+            return capture(self.root_fd, self.store, self.ws, self.epoch_id, todo,
+                           parent=self._parent)
 
     def _out_of_fds(self, what: str, exc: OSError) -> None:
         shed = self.table.shed()

@@ -96,9 +96,10 @@ def test_capture_records_once_per_epoch(root, store, ws):
     d, fd = root
     (d / "f").write_bytes(b"one")
     epoch = store.current_epoch(ws).id
-    assert capture(fd, store, ws, epoch, [b"f", b"new", b"f"]) == [b"f", b"new"]
+    assert capture(fd, store, ws, epoch, [b"f", b"new", b"f"]) == store.generation()
+    assert [p for p, _ in store.journal(ws, epoch)] == [b"f", b"new"]
     (d / "f").write_bytes(b"two")
-    assert capture(fd, store, ws, epoch, [b"f"]) == []  # first image wins
+    assert capture(fd, store, ws, epoch, [b"f"]) is None  # first image wins: no commit
     images = dict(store.journal(ws, epoch))
     assert store.read_blob(images[b"f"].blob) == b"one"
     assert images[b"new"] == PreImage.ABSENT

@@ -910,6 +910,35 @@ async def test_a_create_keeps_the_first_image_of_a_name_recorded_before(t):
     assert t.content(t.journal()[b"f"]) == b"first"
 
 
+async def test_a_create_of_a_name_recorded_before_does_not_hide_the_next_epoch(t):
+    """A create whose name the epoch recorded already (here by the daemon before it
+    restarted) commits nothing: the store's generation stays.  The daemon must not take
+    the number its empty transaction would have had as its own commit — the next commit
+    is another process beginning an epoch, and a change after it, to a path the daemon
+    captured in the old epoch, must still get its pre-image in the new one."""
+    t.write("f", b"first")
+    t.write("g", b"g1")
+    t.turn()
+    await t.fs.unlink(ROOT, b"f", REQ)                    # f recorded by this daemon
+    again = RewindOperations(t.root_fd, t.store, t.ws)   # a new daemon, same epoch
+    try:
+        g = (await again.lookup(ROOT, b"g", REQ)).st_ino
+        fh = (await again.open(g, os.O_WRONLY, REQ)).fh
+        await again.write(fh, 0, b"g2")                    # g captured by the new one
+        await again.release(fh)
+        info, _ = await again.create(ROOT, b"f", 0o100644,
+                                     os.O_WRONLY | os.O_CREAT | os.O_EXCL, REQ)
+        await again.release(info.fh)                       # recorded before: no commit
+        other = t.store.begin_turn(t.ws, "elsewhere", 1, "out of band", force=True).id
+        fh = (await again.open(g, os.O_WRONLY | os.O_TRUNC, REQ)).fh
+        await again.write(fh, 0, b"g3")
+        await again.release(fh)
+        assert again.epoch_id == other
+    finally:
+        again.close()
+    assert t.content(t.journal(other)[b"g"]) == b"g2"
+
+
 async def test_create_truncating_a_hard_linked_name_captures_every_name(t):
     t.write("a", b"shared")
     os.link(t.p("a"), t.p("b"))

@@ -54,7 +54,7 @@ def test_counts(store, ws):
     key, n = store.put_bytes(b"12345")
     store.record(ws, e.id, [(b"a", PreImage("file", 0o644, size=n, blob=key)),
                             (b"b", PreImage.ABSENT)])
-    assert store.record(ws, e.id, [(b"a", PreImage.ABSENT), (b"c", PreImage.ABSENT)]) \
+    assert store.record(ws, e.id, [(b"a", PreImage.ABSENT), (b"c", PreImage.ABSENT)]).fresh \
         == [False, True]
     got = store.epoch(e.id)
     assert (got.paths, got.bytes) == (3, 5)
@@ -237,27 +237,22 @@ def test_a_mark_commits_its_epoch_and_the_records_given_with_it_together(store, 
     assert first.id < second.id < idle.id
 
 
-def test_recorded_at_is_the_generation_of_this_threads_last_record_once(store, ws):
+def test_record_returns_the_generation_of_its_commit(store, ws):
     """The filesystem trusts what it captured without reading its epoch again while the
     store's generation is the one of its own last record (``_follow_store``): that
-    number must be the commit's, handed out once, never a failed record's."""
-    import threading
+    number must be the commit's, and a refused record has none."""
     e = store.begin_turn(ws, "s", 1, "t").id
-    assert store.recorded_at() is None
-    store.record(ws, e, [(b"a", PreImage.ABSENT)])
-    assert store.recorded_at() == store.generation()
-    assert store.recorded_at() is None                      # once
-    store.record(ws, e, [(b"b", PreImage.ABSENT)])
-    seen = []
-    other = threading.Thread(target=lambda: seen.append(store.recorded_at()))
-    other.start()
-    other.join()
-    assert seen == [None]                                   # per thread
-    assert store.recorded_at() == store.generation()
+    before = store.generation()
+    done = store.record(ws, e, [(b"a", PreImage.ABSENT), (b"a", PreImage.ABSENT)])
+    assert done.generation == store.generation() > before
+    assert done.fresh == [True, False]
+    again = store.record(ws, e, [(b"a", PreImage.ABSENT)])
+    assert again.fresh == [False]
+    assert store.generation() == done.generation   # nothing new: LMDB committed nothing,
+    assert again.generation is None                # and the number is not ours
     store.begin_turn(ws, "s", 2, "t")                       # closes e
     with pytest.raises(EpochClosed):
         store.record(ws, e, [(b"c", PreImage.ABSENT)])
-    assert store.recorded_at() is None     # the refused record: no generation of its own
 
 
 def test_an_epoch_record_damaged_after_it_was_read_is_still_named(store, ws):
