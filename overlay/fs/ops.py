@@ -323,6 +323,10 @@ class RewindOperations(pyfuse3.Operations):
         ``absent``: the caller has just seen that none of the paths exists (a create's
         new name), so their pre-image is ``absent`` without looking again."""
         self._follow_store()
+        self._guard_followed(items, absent)
+
+    def _guard_followed(self, items, absent: bool = False) -> None:
+        """``_guard`` for a caller that has just run ``_follow_store``."""
         todo = [p for p, d in items if p not in self.captured and not self.rules.ignored(p, d)]
         if not todo:
             return
@@ -383,7 +387,7 @@ class RewindOperations(pyfuse3.Operations):
             items = [(p, node.is_dir) for p in node.paths]
             if not node.is_dir:
                 items += self._twins(self._node_stat(node))
-            self._guard(items)
+            self._guard_followed(items)
             node.seen = self._token
 
     def _node_stat(self, node) -> os.stat_result | None:
