@@ -6,15 +6,26 @@ Public surface (everything else is private to the package):
 not import pyfuse3 or trio; the filesystem and the daemon load them.
 """
 
-from rewindfs.overlay.capture import capture, snapshot
-from rewindfs.overlay.tree.ignore import IgnoreRules
-from rewindfs.overlay.places import control_socket_path
-from rewindfs.overlay.errors import (AlreadyMounted, BadWorkspace, MountFailed, NotMounted,
-                                     RefusedWorkspace, StaleMount, UsageError)
-from rewindfs.overlay.tree.walk import PathEscape, open_parent
+import importlib
+
+# The public surface loads on first use (PEP 562): importing a submodule — the CLI
+# first of all — does not load the store and capture with it.
+_PUBLIC = {
+    "capture": "capture", "snapshot": "capture", "IgnoreRules": "tree.ignore",
+    "control_socket_path": "places", "PathEscape": "tree.walk", "open_parent": "tree.walk",
+    **dict.fromkeys(["AlreadyMounted", "BadWorkspace", "MountFailed", "NotMounted",
+                     "RefusedWorkspace", "StaleMount", "UsageError"], "errors"),
+}
 
 __all__ = [
     "AlreadyMounted", "BadWorkspace", "IgnoreRules", "MountFailed", "NotMounted",
     "PathEscape", "RefusedWorkspace", "StaleMount", "UsageError", "capture",
     "control_socket_path", "open_parent", "snapshot",
 ]
+
+
+def __getattr__(name: str):
+    module = _PUBLIC.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
