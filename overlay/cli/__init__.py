@@ -9,10 +9,9 @@ leaving Python's traceback of an interrupted import.
 
 from __future__ import annotations
 
-__all__ = ["EXIT_INTERRUPTED", "EXIT_PIPE_CLOSED", "Output", "build_parser", "main"]
+from rewindfs.overlay.cli.exits import EXIT_INTERRUPTED, EXIT_PIPE_CLOSED
 
-EXIT_INTERRUPTED = 130      # 128 + SIGINT
-EXIT_PIPE_CLOSED = 141      # 128 + SIGPIPE
+__all__ = ["EXIT_INTERRUPTED", "EXIT_PIPE_CLOSED", "Output", "build_parser", "main"]
 
 
 def main(argv=None) -> int:

@@ -32,7 +32,7 @@ from rewindfs.store._errors import InternalError, RewindfsError
 from rewindfs.overlay.cli import mount, options, remote, rewind
 from rewindfs.overlay.cli.render import escape
 from rewindfs.overlay.errors import Interrupted, StaleMount, UsageError
-from rewindfs.overlay.cli import EXIT_INTERRUPTED, EXIT_PIPE_CLOSED
+from rewindfs.overlay.cli.exits import EXIT_INTERRUPTED, EXIT_PIPE_CLOSED
 
 __all__ = ["Output", "build_parser", "main"]
 
