@@ -28,4 +28,6 @@ def __getattr__(name: str):
     module = _PUBLIC.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value          # the next lookup is a plain attribute
+    return value

@@ -60,7 +60,7 @@ import zstandard
 from . import _schema as S
 from . import _txn
 from ._copy import CHUNK, copy_hashed, hash_fd
-from ._errors import BlobCorrupt, BlobMissing, StoreError
+from ._errors import BlobCollision, BlobCorrupt, BlobMissing, StoreError
 
 log = logging.getLogger(__name__)
 
@@ -77,12 +77,6 @@ ZSTD_MIN = 1024
 ZSTD_LEVEL = 1
 
 _counter = itertools.count()
-
-
-class BlobCollision(StoreError):
-    """Two different contents share the blob key {key} (xxh3-128 collision); nothing was stored."""
-
-    code = "blob-collision"
 
 
 class BlobArea:

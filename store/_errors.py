@@ -261,6 +261,86 @@ class RestoreTargetInUse(RemoteError):
     exit_code = EXIT_USAGE
 
 
+# Errors of single store modules, here so that every store error is defined once the
+# store's errors are imported (``all_error_classes``, the CLI's exit codes for a reply).
+
+class EpochClosed(StoreError):
+    """Epoch {epoch} is closed; capture again into the current epoch."""
+
+    code = "epoch-closed"
+    traceback = False
+
+
+class BadSession(RewindfsError):
+    """Bad session or turn (session {session!r}): {reason}."""
+
+    code = "bad-session"
+    exit_code = EXIT_USAGE
+
+
+class SessionConflict(StoreError):
+    """Session {child!r} already exists with another parent or boundary."""
+
+    code = "session-conflict"
+    traceback = False
+
+
+class AmbiguousPoint(UnknownPoint):
+    """{point} is a turn of which session? {sessions}; pass --session, or write e{number} for epoch {number}."""
+
+    code = "ambiguous-point"
+    exit_code = EXIT_USAGE
+    wire_details = ("choices",)
+
+
+class BadPolicy(RewindfsError):
+    """Bad gc policy {name}: {reason}."""
+
+    code = "bad-policy"
+    exit_code = EXIT_USAGE
+
+
+class RedoStale(RewindfsError):
+    """{message}
+
+    Redo refused: the tree changed after the rewind it would undo (turns, edits between
+    turns, another owner's rewind), and the redo would discard those changes.  The
+    message names them and how many paths would be overwritten; ``rewind eN`` goes to
+    the same state explicitly, ``--force`` redoes anyway (every state stays a point).
+    """
+
+    code = "redo-stale"
+    wire_details = ("rewind", "changes", "paths")
+
+    @classmethod
+    def of(cls, rewind, stale, paths: int) -> "RedoStale":
+        """The refusal of redoing ``rewind`` past ``stale`` (``paths`` overwritten)."""
+        what = ", ".join(describe_epoch(e) for e in stale)
+        return cls(
+            f"redo would discard what changed after rewind e{rewind.id}: {what} "
+            f"({paths} path{'s' if paths != 1 else ''} would be overwritten); "
+            f"`rewindfs rewind e{rewind.id}` goes there explicitly (every state stays a "
+            "point), or pass --force to redo anyway",
+            rewind=rewind.id, changes=[e.as_point() for e in stale], paths=paths)
+
+
+def describe_epoch(e) -> str:
+    """An epoch as a refusal names it: ``turn 3 of s2 (e11)``, ``edits between turns
+    (e12)``, ``rewind e13``."""
+    if e.kind == "turn":
+        return f"turn {e.turn} of {e.session} (e{e.id})"
+    if e.kind == "idle":
+        return f"edits between turns (e{e.id})"
+    return f"{e.kind} e{e.id}"
+
+
+
+class BlobCollision(StoreError):
+    """Two different contents share the blob key {key} (xxh3-128 collision); nothing was stored."""
+
+    code = "blob-collision"
+
+
 def all_error_classes() -> list[type[RewindfsError]]:
     """Every error class defined anywhere in the project (for the exit-code table)."""
     seen: list[type[RewindfsError]] = []

@@ -30,7 +30,7 @@ from . import _epoch, _history, _journal, _txn
 from ._process import pid_alive
 from . import _schema as S
 from ._blob import decode_entry
-from ._errors import EXIT_USAGE, BlobCorrupt, RewindfsError
+from ._errors import BadPolicy, BlobCorrupt
 
 log = logging.getLogger(__name__)
 
@@ -41,13 +41,6 @@ MAX_SECONDS = 10 ** 10
 MAX_COUNT = (1 << 63) - 1
 _SECONDS = ("grace_s", "max_age_s")
 _COUNTS = ("keep_epochs", "max_bytes")
-
-
-class BadPolicy(RewindfsError):
-    """Bad gc policy {name}: {reason}."""
-
-    code = "bad-policy"
-    exit_code = EXIT_USAGE
 
 
 def policy_problem(name: str, value) -> str | None:

@@ -23,43 +23,9 @@ reads them in one transaction.
 
 from __future__ import annotations
 
-from ._errors import RewindfsError
+from ._errors import RedoStale, describe_epoch
 
 __all__ = ["RedoStale", "describe_epoch", "redo_stack", "redo_stacks", "stale_changes"]
-
-
-def describe_epoch(e) -> str:
-    """An epoch as a refusal names it: ``turn 3 of s2 (e11)``, ``edits between turns
-    (e12)``, ``rewind e13``."""
-    if e.kind == "turn":
-        return f"turn {e.turn} of {e.session} (e{e.id})"
-    if e.kind == "idle":
-        return f"edits between turns (e{e.id})"
-    return f"{e.kind} e{e.id}"
-
-
-class RedoStale(RewindfsError):
-    """{message}
-
-    Redo refused: the tree changed after the rewind it would undo (turns, edits between
-    turns, another owner's rewind), and the redo would discard those changes.  The
-    message names them and how many paths would be overwritten; ``rewind eN`` goes to
-    the same state explicitly, ``--force`` redoes anyway (every state stays a point).
-    """
-
-    code = "redo-stale"
-    wire_details = ("rewind", "changes", "paths")
-
-    @classmethod
-    def of(cls, rewind, stale, paths: int) -> "RedoStale":
-        """The refusal of redoing ``rewind`` past ``stale`` (``paths`` overwritten)."""
-        what = ", ".join(describe_epoch(e) for e in stale)
-        return cls(
-            f"redo would discard what changed after rewind e{rewind.id}: {what} "
-            f"({paths} path{'s' if paths != 1 else ''} would be overwritten); "
-            f"`rewindfs rewind e{rewind.id}` goes there explicitly (every state stays a "
-            "point), or pass --force to redo anyway",
-            rewind=rewind.id, changes=[e.as_point() for e in stale], paths=paths)
 
 
 def redo_stack(epochs, owner: str | None) -> list:

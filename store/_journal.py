@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 from . import _epoch
 from . import _schema as S
-from ._errors import IndexCorrupt, StoreError
+from ._errors import EpochClosed, IndexCorrupt, StoreError
 from ._preimage import Damaged, PreImage, check_relpath, decode, encode
 
 
@@ -31,13 +31,6 @@ class Recorded(NamedTuple):
     number the transaction had goes to the next commit, which may be anyone's."""
     fresh: list[bool]
     generation: int | None
-
-
-class EpochClosed(StoreError):
-    """Epoch {epoch} is closed; capture again into the current epoch."""
-
-    code = "epoch-closed"
-    traceback = False
 
 
 def record(txn, db, ws: int, epoch_id: int, entries) -> list[bool]:

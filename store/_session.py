@@ -20,34 +20,13 @@ import time
 
 from . import _epoch
 from . import _schema as S
-from ._errors import EXIT_USAGE, BadPoint, RewindfsError, StoreError, TurnOpen, UnknownPoint
+from ._errors import (AmbiguousPoint, BadPoint, BadSession, SessionConflict, StoreError, TurnOpen,
+                      UnknownPoint)
 
 MAX_SESSION = 256
 _RELATIVE_WORDS = {"prev", "previous", "last", "head", "next", "latest", "current"}
 _EPOCH_RE = re.compile(r"(?:e|epoch:)(\d+)")
 _TURN_RE = re.compile(r"(?:t|turn:)?(\d+)")
-
-
-class BadSession(RewindfsError):
-    """Bad session or turn (session {session!r}): {reason}."""
-
-    code = "bad-session"
-    exit_code = EXIT_USAGE
-
-
-class SessionConflict(StoreError):
-    """Session {child!r} already exists with another parent or boundary."""
-
-    code = "session-conflict"
-    traceback = False
-
-
-class AmbiguousPoint(UnknownPoint):
-    """{point} is a turn of which session? {sessions}; pass --session, or write e{number} for epoch {number}."""
-
-    code = "ambiguous-point"
-    exit_code = EXIT_USAGE
-    wire_details = ("choices",)
 
 
 def check_session(session) -> str:

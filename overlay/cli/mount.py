@@ -18,10 +18,9 @@ import time
 
 from rewindfs.store._errors import RewindfsError
 
-from rewindfs.overlay import daemon
 from rewindfs.overlay.cli import options
 from rewindfs.overlay.control import client, wire
-from rewindfs.overlay.fs.session import SESSIONS
+from rewindfs.overlay.fs import SESSIONS
 from rewindfs.overlay.cli.render import INTENT_FINISHING, INTENT_PENDING, escape, human_bytes
 from rewindfs.overlay.places import (check_mount_owner, check_place, check_workspace,
                                      control_socket_path, enclosing_rewindfs_mount,
@@ -101,6 +100,7 @@ def spawn_daemon(dir_path, store, *, recover: bool = False, session_kind=None,
 
 
 def _daemon_child(dir_path, store, recover, w, log_fd, session_kind=None, auto=None) -> int:
+    from rewindfs.overlay import daemon     # here: the other commands do without trio
     try:
         os.setsid()
         null = os.open(os.devnull, os.O_RDWR)
@@ -221,6 +221,7 @@ def cmd_mount(args, out) -> int:
             out.emit("mounted", workspace=os.fsdecode(real), pid=os.getpid(), socket=sock)
             out.say(f"mounted {escape(os.fsdecode(real))} (pid {os.getpid()})")
 
+        from rewindfs.overlay import daemon
         return daemon.serve_mount(args.dir, store, recover=args.recover, ready=ready,
                                    writeback=args.writeback, session_kind=args.session,
                                    auto=auto)

@@ -16,10 +16,6 @@ from __future__ import annotations
 import os
 import time
 
-from rewindfs.store import Store
-from rewindfs.store.remote import (DEFAULT_GRACE_S, RemoteConfig, check_remote, gc_remote,
-                                   open_backend, parse_url, probe_conditional,
-                                   read_workspace, workspace_ids)
 from rewindfs.store._errors import UnknownRemoteWorkspace
 
 from rewindfs.overlay.cli import options
@@ -28,22 +24,28 @@ from rewindfs.overlay.cli.render import escape, human_bytes, parse_duration
 from rewindfs.overlay.errors import Interrupted, NotAWorkspace, StaleMount, UsageError
 from rewindfs.overlay.places import (control_socket_path, find_rewindfs_mount, find_socket,
                                      resolve_store_path)
-from rewindfs.overlay.rewind import learn as tree_learn
-from rewindfs.overlay.rewind import remote as tree_remote
 
 __all__ = ["HANDLERS", "register"]
 
 
-_config = tree_remote.remote_config
+# The store, boto3 and the tree code load with the command that needs them (each
+# handler's imports), not with the CLI: ``rewindfs turn begin`` never does.
+
+def _config(store, name: str):
+    from rewindfs.overlay.rewind import remote as tree_remote
+    return tree_remote.remote_config(store, name)
 
 
 def _default_remote(store, name: str | None) -> str:
+    from rewindfs.overlay.rewind import remote as tree_remote
     return tree_remote.default_remote(store, name)
 
 
 # -- remote add | list | remove | log -----------------------------------------------------
 
 def cmd_remote_add(args, out) -> int:
+    from rewindfs.store import Store
+    from rewindfs.store.remote import RemoteConfig, open_backend, parse_url, probe_conditional
     parse_url(args.url)
     config = RemoteConfig(args.name, args.url, args.endpoint, args.region)
     conditional = probe_conditional(open_backend(config))
@@ -58,6 +60,8 @@ def cmd_remote_add(args, out) -> int:
 
 
 def cmd_remote_list(args, out) -> int:
+    from rewindfs.store import Store
+    from rewindfs.store.remote import RemoteConfig
     with Store.open(resolve_store_path(args.store)) as store:
         remotes = store.remotes()
     for name, (url, endpoint, region, conditional, _added) in sorted(remotes.items()):
@@ -71,6 +75,7 @@ def cmd_remote_list(args, out) -> int:
 
 
 def cmd_remote_remove(args, out) -> int:
+    from rewindfs.store import Store
     with Store.open(resolve_store_path(args.store)) as store:
         store.remove_remote(args.name)
     out.emit("remote.removed", name=args.name)
@@ -79,6 +84,8 @@ def cmd_remote_remove(args, out) -> int:
 
 
 def cmd_remote_log(args, out) -> int:
+    from rewindfs.store import Store
+    from rewindfs.store.remote import open_backend, read_workspace, workspace_ids
     with Store.open(resolve_store_path(args.store)) as store:
         config = _config(store, args.name)
     backend = open_backend(config)
@@ -137,6 +144,9 @@ def cmd_remote_learn(args, out) -> int:
 
 
 def _learn_offline(store_path, start: bytes, params: dict) -> tuple[bytes, dict]:
+    from rewindfs.store import Store
+    from rewindfs.store.remote import open_backend
+    from rewindfs.overlay.rewind import learn as tree_learn
     if not os.path.isdir(start):
         raise NotAWorkspace(path=os.fsdecode(start), store=str(store_path))
     with Store.open(store_path) as store:
@@ -154,6 +164,8 @@ def _learn_offline(store_path, start: bytes, params: dict) -> tuple[bytes, dict]
 # -- push ----------------------------------------------------------------------------------
 
 def cmd_push(args, out) -> int:
+    from rewindfs.store import Store
+    from rewindfs.store.remote import open_backend
     with Store.open(resolve_store_path(args.store), create=False) as store:
         name = _default_remote(store, args.remote)
         config = _config(store, name)
@@ -186,6 +198,7 @@ def _push_one(store, backend, config, ws: int, root: bytes, out):
     (``push`` on the socket): one push at a time per remote runs there, and this
     process's own push would meet the daemon's lease.  Anything else is pushed here, with
     this process's credentials (a daemon has those of the shell that mounted it)."""
+    from rewindfs.overlay.rewind import remote as tree_remote
     done = _push_by_daemon(store, config.name, root, out)
     if done is not None:
         return _say_pushed(out, done)
@@ -273,6 +286,9 @@ class _Progress:
 # -- restore -------------------------------------------------------------------------------
 
 def cmd_restore(args, out) -> int:
+    from rewindfs.store import Store
+    from rewindfs.store.remote import open_backend
+    from rewindfs.overlay.rewind import remote as tree_remote
     with Store.open(resolve_store_path(args.store)) as store:
         config = _config(store, args.source)
         backend = open_backend(config)
@@ -304,6 +320,8 @@ def _warn_problems(out, problems) -> None:
 def fsck_remote(args, out) -> int:
     """``fsck --remote NAME``: every object read and verified (``store.remote._check``);
     exit 1 when a problem was found."""
+    from rewindfs.store import Store
+    from rewindfs.store.remote import check_remote, open_backend
     with Store.open(resolve_store_path(args.store), create=False) as store:
         config = _config(store, args.remote_check)
     report = check_remote(open_backend(config))
@@ -327,6 +345,8 @@ def fsck_remote(args, out) -> int:
 def gc_remote_cmd(args, out) -> int:
     """``gc --remote NAME [--grace DUR] [--dry-run]`` (``store.remote._gc``): refused,
     exit 2, while a push holds a lease or a segment cannot be read."""
+    from rewindfs.store import Store
+    from rewindfs.store.remote import DEFAULT_GRACE_S, gc_remote, open_backend
     grace = DEFAULT_GRACE_S if args.grace is None else parse_duration(args.grace)
     with Store.open(resolve_store_path(args.store), create=False) as store:
         config = _config(store, args.remote_gc)

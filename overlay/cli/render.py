@@ -13,7 +13,6 @@ import re
 from rich.markup import escape as _markup_escape
 from rich.table import Table
 
-from rewindfs.store._gc import MAX_COUNT, MAX_SECONDS
 from rewindfs.overlay.errors import BadAmount
 
 __all__ = ["INTENT_FINISHING", "INTENT_PENDING", "RewindView", "parse_duration", "parse_size", "render_diff", "render_gc", "render_log"]
@@ -76,6 +75,7 @@ def human_bytes(n: int) -> str:
 
 
 def parse_duration(text: str) -> float:
+    from rewindfs.store._gc import MAX_SECONDS      # gc's limits, with the store (gc needs it)
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*", text)
     if not m:
         raise BadAmount(value=text, what="a duration (e.g. 90s, 12h, 30d)")
@@ -87,6 +87,7 @@ def parse_duration(text: str) -> float:
 
 
 def parse_size(text: str) -> int:
+    from rewindfs.store._gc import MAX_COUNT
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*", text.lower())
     if not m:
         raise BadAmount(value=text, what="a size (e.g. 500M, 2G)")

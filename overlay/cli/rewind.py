@@ -29,7 +29,6 @@ import signal
 import socket
 import threading
 
-from rewindfs.store import Store
 from rewindfs.store._errors import PathEscape, RewindfsError
 
 from rewindfs.overlay import errors
@@ -37,11 +36,8 @@ from rewindfs.overlay.cli import graph, options
 from rewindfs.overlay.cli import render as V
 from rewindfs.overlay.cli.mount import find_daemon
 from rewindfs.overlay.control import client
-from rewindfs.overlay.control.history import history_sync
-from rewindfs.overlay.control.rewind_methods import call_local, gc_sync
 from rewindfs.overlay.errors import Interrupted, NotAWorkspace, NotMounted, StaleMount
 from rewindfs.overlay.places import find_rewindfs_mount, is_inside, resolve_store_path
-from rewindfs.overlay.rewind.engine import recover
 
 __all__ = ["HANDLERS", "open_workspace", "register"]
 
@@ -74,12 +70,14 @@ class _Offline:
         self.store, self.ws, self.root, self.root_fd = store, ws, root, root_fd
 
     def call(self, method: str, params: dict, on_event=None) -> dict:
+        from rewindfs.overlay.control.rewind_methods import call_local
         return call_local(self, method, params, on_event)
 
     def points(self, session=None) -> list[dict]:
         return [e.as_point() for e in self.store.points(self.ws, session)]
 
     def history(self, session=None) -> list[dict]:
+        from rewindfs.overlay.control.history import history_sync
         return history_sync(self, {"session": session} if session else {})["nodes"]
 
 
@@ -120,6 +118,10 @@ def open_workspace(args, out, *, finish=None):
 
 @contextlib.contextmanager
 def _offline(store_path, start: bytes, out, finish):
+    # The store and the engine load here, not with the CLI: a command that a daemon
+    # serves (most of them, most of the time) never needs them.
+    from rewindfs.store import Store
+    from rewindfs.overlay.rewind.engine import recover
     real = os.path.realpath(start)
     with Store.open(store_path, create=False) as store:
         found = store.workspace_containing(real)
@@ -452,6 +454,8 @@ def cmd_gc(args, out) -> int:
     if live is not None:
         report = client.call(live[1], "gc", params)
     else:   # gc is store-wide: no workspace needed
+        from rewindfs.store import Store
+        from rewindfs.overlay.control.rewind_methods import gc_sync
         with Store.open(store_path, create=False) as store:
             report = gc_sync(_StoreOnly(store), params, None)
     V.render_gc(out, report)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import trio
 
 from rewindfs.store import NothingToRedo
-from rewindfs.store._session import BadSession
+from rewindfs.store._errors import BadSession
 
 from rewindfs.overlay.control.host import RewindHost
 from rewindfs.overlay.rewind import engine

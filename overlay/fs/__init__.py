@@ -9,3 +9,7 @@
 - ``session``   the one seam between the kernel session and the handlers (today
                 pyfuse3's session and request loop); a second session layer plugs in here
 """
+
+# The session layers ``session.choose`` knows, here so that the CLI can offer them
+# without loading either.
+SESSIONS = ("libfuse", "kernel")

@@ -17,12 +17,12 @@ import os
 
 from rewindfs.overlay.fs.kernel.dispatch import readdir_reply as _kernel_readdir_reply
 from rewindfs.overlay.fs.kernel.session import KernelSession
+from rewindfs.overlay.fs import SESSIONS
 from rewindfs.overlay.fs.libfuse import LibfuseSession, mount_options
 
 __all__ = ["SESSIONS", "active", "choose", "default", "invalidate_entry", "invalidate_inode",
            "mount", "readdir_reply", "serve", "unmount"]
 
-SESSIONS = ("libfuse", "kernel")
 _active = None
 
 

@@ -149,7 +149,7 @@ def test_gc_refuses_absurd_numbers_at_both_edges(tmp_path):
 
 
 def test_store_gc_refuses_absurd_numbers(tmp_path):
-    from rewindfs.store._gc import BadPolicy
+    from rewindfs.store._errors import BadPolicy
     with Store.open(tmp_path / "store") as s:
         for name, value in _BAD_WIRE:
             with pytest.raises(BadPolicy):

@@ -54,8 +54,7 @@ def _interrupt_once_loaded(args, marker=_LMDB, timeout=60.0):
     return proc.returncode, err, seen
 
 
-@pytest.mark.parametrize("args", [["log"], ["status", "-C", "."], ["turn", "begin"]],
-                         ids=["log", "status", "turn-begin"])
+@pytest.mark.parametrize("args", [["log"], ["status", "-C", "."]], ids=["log", "status"])
 def test_ctrl_c_while_the_cli_loads_exits_130_without_a_traceback(tmp_path, args):
     store = tmp_path / "store"
     Store.open(store).close()
@@ -63,3 +62,30 @@ def test_ctrl_c_while_the_cli_loads_exits_130_without_a_traceback(tmp_path, args
     assert seen, "the store's extension was never loaded: the test provoked nothing"
     assert "Traceback" not in err, err
     assert rc == 130, (rc, err)
+
+
+def _modules_loaded(args, tmp_path) -> tuple[subprocess.CompletedProcess, set[str]]:
+    """Run ``rewindfs ARGS`` to the end with Python's import log on; the modules it
+    loaded."""
+    env = dict(os.environ, PYTHONPROFILEIMPORTTIME="1")
+    res = subprocess.run([str(REWINDFS), *map(os.fspath, args)], capture_output=True,
+                         text=True, env=env, timeout=120, cwd=tmp_path)
+    names = {line.rsplit("|", 1)[-1].strip() for line in res.stderr.splitlines()
+             if line.startswith("import time:")}
+    return res, names
+
+
+def test_a_turn_mark_loads_neither_the_store_nor_trio(tmp_path):
+    """``turn begin``/``end`` only talk to the daemon: scripts call them around every
+    turn, and loading LMDB, trio and the filesystem code cost them over half a second
+    per call on this machine (docs/benchmarks.md, "The CLI's start")."""
+    store = tmp_path / "store"
+    Store.open(store).close()
+    res, names = _modules_loaded(["--store", store, "turn", "begin", "--session", "s",
+                                  "--turn", "1", "-C", tmp_path],
+                                 tmp_path)
+    assert res.returncode == 2 and "not-mounted" in res.stderr, res.stderr[-2000:]
+    assert "rewindfs.overlay.cli.mount" in names         # the import log works
+    heavy = {"lmdb", "trio", "pyfuse3", "boto3", "rewindfs.store._store",
+             "rewindfs.overlay.daemon"}
+    assert not heavy & names, sorted(heavy & names)

@@ -12,7 +12,7 @@ from store_fixtures import assert_sound
 from rewindfs.overlay.rewind.remote import capture_tree
 from rewindfs.store import Store
 from rewindfs.store._errors import RestoreTargetInUse
-from rewindfs.store._session import AmbiguousPoint
+from rewindfs.store._errors import AmbiguousPoint
 
 
 def _exported(tmp_path):
