@@ -40,10 +40,15 @@ def state_now(root_fd: int, store, path: bytes) -> PreImage:
     """The current image of ``path`` with its real content key (hashed, not stored).
 
     The tree may change while we look (diff runs beside a working agent): a file that
-    is renamed away or removed between the ``lstat`` and the hash is looked at again,
-    and one that keeps vanishing counts as absent."""
+    is renamed away or removed between the ``lstat`` and the read of its xattrs or its
+    hash is looked at again, and one that keeps vanishing counts as absent."""
     for _attempt in range(_RACE_RETRIES):
-        img = snapshot(root_fd, path, store, with_content=False)
+        try:    # the entry may go between its lstat and the read of its xattrs
+            img = snapshot(root_fd, path, store, with_content=False)
+        except OSError as exc:
+            if exc.errno not in _VANISHED:
+                raise
+            continue
         if img.kind != "file":
             return img
         try:

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 
 import pytest
@@ -57,3 +58,23 @@ def test_other_errors_still_surface(tmp_path, monkeypatch):
 
     with pytest.raises(PermissionError):   # not taken for a vanished file
         _state_now_with(tmp_path, monkeypatch, denied)
+
+
+def test_file_removed_between_its_lstat_and_its_xattrs_is_looked_at_again(
+        tmp_path, monkeypatch):
+    """Seen in CI as ENOENT on ``/proc/self/fd/N/.f1.tmp`` from ``rewindfs diff`` beside
+    a writer: the entry was ``lstat``-ed, then renamed away before its xattrs were read."""
+    (tmp_path / "f").write_bytes(b"old")
+    capture = importlib.import_module("rewindfs.overlay.capture")  # the module, not its function
+    real_read, calls = capture.read_xattrs, []
+
+    def racing_read(dir_fd, name):
+        calls.append(name)
+        if len(calls) == 1:      # the writer renames f away right after our lstat
+            os.rename(tmp_path / "f", tmp_path / "f.gone")
+        return real_read(dir_fd, name)
+
+    monkeypatch.setattr(capture, "read_xattrs", racing_read)
+    img = _state_now_with(tmp_path, monkeypatch, diff.meta.file_key)
+    assert len(calls) == 1      # looked again: the second look finds nothing to read
+    assert img.kind == "absent"
