@@ -6,7 +6,7 @@ Public surface (everything else is private to the package):
 not import pyfuse3 or trio; the filesystem and the daemon load them.
 """
 
-import importlib
+from rewindfs.store._lazy import lazy_names
 
 # The public surface loads on first use (PEP 562): importing a submodule — the CLI
 # first of all — does not load the store and capture with it.
@@ -17,17 +17,7 @@ _PUBLIC = {
                      "RefusedWorkspace", "StaleMount", "UsageError"], "errors"),
 }
 
-__all__ = [
-    "AlreadyMounted", "BadWorkspace", "IgnoreRules", "MountFailed", "NotMounted",
-    "PathEscape", "RefusedWorkspace", "StaleMount", "UsageError", "capture",
-    "control_socket_path", "open_parent", "snapshot",
-]
+__all__ = sorted(_PUBLIC)
 
 
-def __getattr__(name: str):
-    module = _PUBLIC.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value          # the next lookup is a plain attribute
-    return value
+__getattr__ = lazy_names(__name__, _PUBLIC, globals())

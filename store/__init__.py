@@ -2,7 +2,7 @@
 no trio, never touches a workspace).  See docs/architecture.md for the contract and
 docs/store.md for the on-disk layout, durability and measurements."""
 
-import importlib
+from ._lazy import lazy_names
 
 # The public names load on first use (PEP 562): a client that only needs the error
 # classes (the CLI talking to a daemon) does not load LMDB, zstandard and the rest.
@@ -23,20 +23,7 @@ _PUBLIC = {
     **dict.fromkeys(["Store"], "_store"),
 }
 
-__all__ = [
-    "INLINE_MAX", "Action", "AmbiguousPoint", "BadPath", "BadPoint", "BadSession", "BlobCollision",
-    "BlobCorrupt", "BlobMissing", "Epoch", "EpochClosed", "FsckReport", "GcReport",
-    "IndexCorrupt", "InternalError", "NothingToRedo", "PathEscape", "Plan", "PreImage", "Problem",
-    "Recorded", "RedoStale", "RewindfsError", "SchemaTooNew", "SessionConflict", "Store", "StoreError", "StoreFull",
-    "StoreInsideWorkspace", "TurnOpen", "UnknownPoint",
-    "check_relpath", "hash_fd",
-]
+__all__ = sorted(_PUBLIC)
 
 
-def __getattr__(name: str):
-    module = _PUBLIC.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value          # the next lookup is a plain attribute
-    return value
+__getattr__ = lazy_names(__name__, _PUBLIC, globals())
