@@ -252,6 +252,13 @@ class NotAFile(RewindfsError):
 
 # -- the CLI ------------------------------------------------------------------
 
+class SentThenInterrupted(KeyboardInterrupt):
+    """Ctrl-C after the whole request reached the daemon's socket: the daemon carries
+    it out without its client (it reads a request to the end and never cancels one
+    whose client left).  Before that, a Ctrl-C is a plain ``KeyboardInterrupt`` and the
+    daemon got nothing it would act on (a line cut short is never dispatched)."""
+
+
 class Interrupted(KeyboardInterrupt):
     """Ctrl-C, with the line that says what it left behind (the rewind goes on in the
     daemon, was finished first, or nothing was changed).

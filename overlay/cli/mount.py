@@ -27,8 +27,9 @@ from rewindfs.overlay.places import (check_mount_owner, check_place, check_works
                                      find_rewindfs_mount, find_socket, lazy_unmount,
                                      ensure_runtime_dir, is_inside, mount_users, open_log,
                                      resolve_store_path, rewindfs_mount_at)
-from rewindfs.overlay.errors import (AlreadyMounted, MountBusy, MountFailed, NotMounted,
-                                     RemoteUnnamed, StaleMount, UsageError)
+from rewindfs.overlay.errors import (AlreadyMounted, Interrupted, MountBusy, MountFailed,
+                                     NotMounted, RemoteUnnamed, SentThenInterrupted,
+                                     StaleMount, UsageError)
 
 log = logging.getLogger(__name__)
 
@@ -322,7 +323,8 @@ def cmd_turn_begin(args, out) -> int:
     params = {"session": args.session, "turn": args.turn, "label": args.label}
     if args.force:
         params["force"] = True
-    res = call_daemon(args, "turn.begin", params)
+    res = _call_mark(args, "turn.begin", params,
+                     f"whether turn {args.turn} of {args.session} began")
     out.emit("turn.begun", session=args.session, turn=args.turn, epoch=res["epoch"])
     out.say(f"turn {args.turn} of {escape(args.session)} began (epoch e{res['epoch']})")
     _warn_all(out, res)
@@ -331,12 +333,28 @@ def cmd_turn_begin(args, out) -> int:
 
 def cmd_turn_end(args, out) -> int:
     params = {"session": args.session} if args.session else {}
-    res = call_daemon(args, "turn.end", params)
+    res = _call_mark(args, "turn.end", params, "whether the turn ended")
     ended = res.get("ended", True)      # a daemon before issue 14 does not say
     out.emit("turn.ended", epoch=res["epoch"], ended=ended)
     out.say(f"turn ended (now epoch e{res['epoch']}, idle)" if ended
             else f"no turn was open; nothing ended (epoch e{res['epoch']})")
     return 0
+
+
+def _call_mark(args, method: str, params: dict, whether: str) -> dict:
+    """``call_daemon`` for a turn mark, whose Ctrl-C says what it left: the daemon
+    carries out a mark it received (never half of one), so a person must not be left
+    guessing whether the turn began."""
+    what = method.replace(".", " ")
+    try:
+        return call_daemon(args, method, params)
+    except SentThenInterrupted:
+        raise Interrupted(f"interrupted after the daemon got the {what}: it carries it "
+                          f"out (or refuses it) without us; `rewindfs status` shows "
+                          f"{whether}") from None
+    except KeyboardInterrupt:
+        raise Interrupted(f"interrupted before the {what} was sent; nothing "
+                          f"changed") from None
 
 
 def _warn_all(out, res: dict) -> None:

@@ -14,7 +14,7 @@ import time
 
 from rewindfs.overlay.control.wire import (MAX_REPLY_LINE, VERSION, LineBuffer,
                                            error_from_dict)
-from rewindfs.overlay.errors import BadReply, DaemonGone
+from rewindfs.overlay.errors import BadReply, DaemonGone, SentThenInterrupted
 from rewindfs.overlay.places import check_socket_owner
 
 __all__ = ["call"]
@@ -38,7 +38,8 @@ def call(sock_path, method: str, params: dict | None = None, *, on_event=None,
     Raises the ``RewindfsError`` subclass matching an error reply's code,
     ``DaemonGone`` if the connection closes first, ``OSError`` if it cannot connect,
     ``UnsafeSocket`` (nothing sent) if the socket or the process answering on it
-    belongs to neither our uid nor root.
+    belongs to neither our uid nor root, ``SentThenInterrupted`` for a Ctrl-C after the
+    request was sent (the daemon carries it out all the same).
     """
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.settimeout(timeout)
@@ -47,25 +48,33 @@ def call(sock_path, method: str, params: dict | None = None, *, on_event=None,
         check_socket_owner(sock_path, s)       # before sending: the process answering
         req = {"v": VERSION, "id": request_id, "method": method, "params": params or {}}
         s.sendall(json.dumps(req).encode() + b"\n")
-        lines = LineBuffer()
-        while True:
-            while (line := lines.next_line()) is None:
-                if lines.pending() > MAX_REPLY_LINE:
-                    raise BadReply(reason=f"a reply line over {MAX_REPLY_LINE >> 20} MiB")
-                chunk = s.recv(65536)
-                if not chunk:
-                    raise DaemonGone()
-                lines.feed(chunk)
-            try:
-                msg = json.loads(line)
-            except (ValueError, RecursionError):
-                raise BadReply(reason=f"not JSON: {line[:80]!r}") from None
-            if not isinstance(msg, dict):
-                raise BadReply(reason=f"not an object: {line[:80]!r}")
-            if "event" in msg:
-                if on_event is not None:
-                    on_event(msg["event"])
-                continue
-            if msg.get("ok"):
-                return msg.get("result", {})
-            raise error_from_dict(msg.get("error", {}))
+        try:
+            return _reply(s, on_event)
+        except KeyboardInterrupt:
+            raise SentThenInterrupted() from None
+
+
+def _reply(s: socket.socket, on_event) -> dict:
+    """The result of the request just sent on *s*; events go to ``on_event``."""
+    lines = LineBuffer()
+    while True:
+        while (line := lines.next_line()) is None:
+            if lines.pending() > MAX_REPLY_LINE:
+                raise BadReply(reason=f"a reply line over {MAX_REPLY_LINE >> 20} MiB")
+            chunk = s.recv(65536)
+            if not chunk:
+                raise DaemonGone()
+            lines.feed(chunk)
+        try:
+            msg = json.loads(line)
+        except (ValueError, RecursionError):
+            raise BadReply(reason=f"not JSON: {line[:80]!r}") from None
+        if not isinstance(msg, dict):
+            raise BadReply(reason=f"not an object: {line[:80]!r}")
+        if "event" in msg:
+            if on_event is not None:
+                on_event(msg["event"])
+            continue
+        if msg.get("ok"):
+            return msg.get("result", {})
+        raise error_from_dict(msg.get("error", {}))

@@ -15,6 +15,7 @@ rewind (``treesnap``), and the client's last line says which.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -244,3 +245,56 @@ def test_mount_says_first_that_it_finishes_an_interrupted_rewind(tmp_path):
     finally:
         kill_background(pid)
         ensure_unmounted(ws)
+
+
+# The syscall a client blocked on its reply sits in (``/proc/PID/syscall``): recvfrom.
+_RECVFROM = {"x86_64": 45, "aarch64": 207}[os.uname().machine]
+
+
+def _blocked_on_reply(pid: int) -> bool:
+    """The CLI has sent its request and waits in ``recv`` for the daemon's answer."""
+    try:
+        with open(f"/proc/{pid}/syscall") as f:
+            return f.read().split(" ", 1)[0] == str(_RECVFROM)
+    except OSError:
+        return False
+
+
+def test_ctrl_c_on_a_turn_mark_says_whether_it_happened(tmp_path):
+    """A person presses Ctrl-C on ``rewindfs turn begin`` while the daemon still holds
+    it (a turn mark waits for a running rewind).  The daemon carries the mark out all the
+    same; the CLI's last line must say so and where to look — before, it exited 130 and
+    said nothing, so the person could not tell whether turn 2 had begun."""
+    ws, store = tmp_path / "ws", tmp_path / "store"
+    ws.mkdir()
+    _seed(ws, 1000)
+    env, pause = _pause_env(tmp_path, "mark")
+    env["REWINDFS_PAUSE_AFTER"] = "100"
+    with mounted(ws, store, env=env) as m:
+        epoch = _turn_rewriting_all(m, 1000)
+        rewind = subprocess.Popen([REWINDFS, "--store", str(store), "--json", "rewind",
+                                   f"e{epoch}", "-C", str(ws)], stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL)
+        term = None
+        try:
+            _wait_until(pause.exists, "the landing to pause")
+            term = Terminal([REWINDFS, "--store", str(store), "turn", "begin", "--session",
+                             "s", "--turn", "7", "-C", str(ws)], cwd=ws.parent)
+            _wait_until(lambda: _blocked_on_reply(term.pid), "turn begin to send its request")
+            term.ctrl_c()
+            assert term.wait() == 130, term.text()[-3000:]
+            last = term.last_line()
+            assert "turn begin" in last and "`rewindfs status`" in last, term.text()[-3000:]
+        finally:
+            try:
+                pause.unlink()
+            except FileNotFoundError:
+                pass
+            if term is not None:
+                term.close()
+            rewind.wait(_WAIT_S)
+        # what the line promised: once the rewind is done, turn 7 has begun
+        _wait_until(lambda: (m.call("status").get("open_turn") or {}).get("turn") == 7,
+                    "the interrupted mark to be carried out")
+        m.call("turn.end", session="s")
+        _mount_works(m, 8)
