@@ -151,8 +151,9 @@ class DaemonContext:
                 # writeback before its WRITE has reached us; only fsync waits for those
                 # (fuse_sync_writes).  Without it a write(2) that returned before the
                 # mark was asked could land in the next turn (test_rel_markrace).
-                for rel in writing:
-                    _fdatasync_at(fd, rel)
+                with self.fs.flushing_writes():
+                    for rel in writing:
+                        _fdatasync_at(fd, rel)
             finally:
                 os.close(fd)
 

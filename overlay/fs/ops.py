@@ -51,6 +51,7 @@ import logging
 import os
 import resource
 import stat
+import threading
 import time
 
 import pyfuse3
@@ -189,7 +190,11 @@ class RewindOperations(pyfuse3.Operations):
         self._next_dir = 1
         self._as_root = os.geteuid() == 0
         self.notifier = Notifier()
-        self.stats = {"captures": 0, "capture_errors": 0}
+        self.stats = {"captures": 0, "capture_errors": 0, "disk_syncs": 0}
+        # Thread ids of the daemon's own turn-mark flush (``flushing_writes``), and the
+        # handles it opened through the mount: their FSYNC only waits for WRITEs.
+        self.mark_flushers: set[int] = set()
+        self.mark_handles: set[int] = set()
         # Writers of turns a rewind removed (reported by status; latewrites.py).  The
         # mutating handlers call ``_saw``, one attribute test until a rewind arms it.
         self.late = LateWrites()
@@ -816,6 +821,8 @@ class RewindOperations(pyfuse3.Operations):
             rfd = os.open(name, self._real_flags(flags), dir_fd=fd)
         if flags & os.O_TRUNC and getattr(ctx, "kill_suidgid", False) and _kill_suidgid(rfd):
             self.mode_dropped(node.ino)   # an unprivileged O_TRUNC (HANDLE_KILLPRIV_V2)
+        if ctx.pid in self.mark_flushers:
+            self.mark_handles.add(rfd)
         return self._opened(rfd, node, flags)
 
     @_handler
@@ -911,14 +918,23 @@ class RewindOperations(pyfuse3.Operations):
 
     @_handler
     def fsync(self, fh, datasync):
+        """A turn mark's own fsync (a handle in ``mark_handles``) is answered at once:
+        what the mark needs — every WRITE of the file in the daemon's hands — the
+        kernel has waited for before sending FSYNC (``fuse_sync_writes``); the disk is
+        no part of a mark, and syncing the store and the file made a mark with a
+        writer held open wait for a busy disk (docs/benchmarks.md)."""
+        if fh in self.mark_handles:
+            return
         self.store.sync()            # the pre-images first (invariant 12)
         (os.fdatasync if datasync else os.fsync)(fh)
+        self.stats["disk_syncs"] += 1
 
     @_handler
     def release(self, fh):
         node = self.handles.pop(fh)
         node.handles.discard(fh)
         self.sync_handles.discard(fh)
+        self.mark_handles.discard(fh)
         self.writers.discard(fh)
         self.pt_writers.discard(fh)
         os.close(fh)
@@ -1083,6 +1099,19 @@ class RewindOperations(pyfuse3.Operations):
         names = (self.handles[fh].path for fh in self.writers
                  if fh in self.handles and self.handles[fh].paths)
         return list(dict.fromkeys(names))
+
+    @contextlib.contextmanager
+    def flushing_writes(self):
+        """Around a turn mark's fsyncs through the mount from the calling thread
+        (``Daemon.flush_writes``): the handles that thread opens meanwhile are the
+        mark's own (``fsync``).  Requests name their caller by thread id, which no
+        other task can have while this one lives."""
+        me = threading.get_native_id()
+        self.mark_flushers.add(me)
+        try:
+            yield
+        finally:
+            self.mark_flushers.discard(me)
 
     def unfence_writes(self, key: tuple[int, int]) -> None:
         self.fenced.discard(key)
