@@ -16,6 +16,8 @@ from __future__ import annotations
 import os
 import time
 
+import rewindfs.store as store_lib              # both load their names on first use:
+import rewindfs.store.remote as remote_lib      # LMDB and boto3 come with the command
 from rewindfs.store._errors import UnknownRemoteWorkspace
 
 from rewindfs.overlay.cli import options
@@ -28,31 +30,33 @@ from rewindfs.overlay.places import (control_socket_path, find_rewindfs_mount, f
 __all__ = ["HANDLERS", "register"]
 
 
-# The store, boto3 and the tree code load with the command that needs them (each
-# handler's imports), not with the CLI: ``rewindfs turn begin`` never does.
+# The store, boto3 and the tree code load with the command that needs them, not with
+# the CLI: ``rewindfs turn begin`` never does (test_cli_startup).
+
+def _tree():
+    """``overlay.rewind.remote``: the restore engine and capture come with it."""
+    from rewindfs.overlay.rewind import remote as tree_remote
+    return tree_remote
+
 
 def _config(store, name: str):
-    from rewindfs.overlay.rewind import remote as tree_remote
-    return tree_remote.remote_config(store, name)
+    return _tree().remote_config(store, name)
 
 
 def _default_remote(store, name: str | None) -> str:
-    from rewindfs.overlay.rewind import remote as tree_remote
-    return tree_remote.default_remote(store, name)
+    return _tree().default_remote(store, name)
 
 
 # -- remote add | list | remove | log -----------------------------------------------------
 
 def cmd_remote_add(args, out) -> int:
-    from rewindfs.store import Store
-    from rewindfs.store.remote import RemoteConfig, open_backend, parse_url, probe_conditional
-    parse_url(args.url)
-    config = RemoteConfig(args.name, args.url, args.endpoint, args.region)
-    conditional = probe_conditional(open_backend(config))
-    with Store.open(resolve_store_path(args.store)) as store:
+    remote_lib.parse_url(args.url)
+    config = remote_lib.RemoteConfig(args.name, args.url, args.endpoint, args.region)
+    conditional = remote_lib.probe_conditional(remote_lib.open_backend(config))
+    with store_lib.Store.open(resolve_store_path(args.store)) as store:
         store.add_remote(args.name, args.url, args.endpoint, args.region, conditional)
-    out.emit("remote.added", **RemoteConfig(args.name, args.url, args.endpoint, args.region,
-                                            conditional).as_dict())
+    out.emit("remote.added", **remote_lib.RemoteConfig(args.name, args.url, args.endpoint,
+                                                       args.region, conditional).as_dict())
     how = "honours conditional writes" if conditional else \
         "ignores conditional writes, so the lease uses claims; docs/remote.md"
     out.say(f"remote {escape(args.name)} → {escape(args.url)} (the server {how})")
@@ -60,12 +64,11 @@ def cmd_remote_add(args, out) -> int:
 
 
 def cmd_remote_list(args, out) -> int:
-    from rewindfs.store import Store
-    from rewindfs.store.remote import RemoteConfig
-    with Store.open(resolve_store_path(args.store)) as store:
+    with store_lib.Store.open(resolve_store_path(args.store)) as store:
         remotes = store.remotes()
     for name, (url, endpoint, region, conditional, _added) in sorted(remotes.items()):
-        out.emit("remote", **RemoteConfig(name, url, endpoint, region, conditional).as_dict())
+        config = remote_lib.RemoteConfig(name, url, endpoint, region, conditional)
+        out.emit("remote", **config.as_dict())
         extra = "".join(f"  {k} {escape(v)}" for k, v in (("endpoint", endpoint),
                                                           ("region", region)) if v)
         out.say(f"{escape(name)}  {escape(url)}{extra}")
@@ -75,8 +78,7 @@ def cmd_remote_list(args, out) -> int:
 
 
 def cmd_remote_remove(args, out) -> int:
-    from rewindfs.store import Store
-    with Store.open(resolve_store_path(args.store)) as store:
+    with store_lib.Store.open(resolve_store_path(args.store)) as store:
         store.remove_remote(args.name)
     out.emit("remote.removed", name=args.name)
     out.say(f"removed remote {escape(args.name)} (nothing on it was deleted)")
@@ -84,14 +86,12 @@ def cmd_remote_remove(args, out) -> int:
 
 
 def cmd_remote_log(args, out) -> int:
-    from rewindfs.store import Store
-    from rewindfs.store.remote import open_backend, read_workspace, workspace_ids
-    with Store.open(resolve_store_path(args.store)) as store:
+    with store_lib.Store.open(resolve_store_path(args.store)) as store:
         config = _config(store, args.name)
-    backend = open_backend(config)
-    ids = [args.workspace_id] if args.workspace_id else workspace_ids(backend)
+    backend = remote_lib.open_backend(config)
+    ids = [args.workspace_id] if args.workspace_id else remote_lib.workspace_ids(backend)
     for ws_id in ids:
-        state = read_workspace(backend, ws_id)
+        state = remote_lib.read_workspace(backend, ws_id)
         if not state.segments:
             raise UnknownRemoteWorkspace(remote=args.name, workspace=ws_id)
         _render_remote_ws(out, state)
@@ -144,18 +144,16 @@ def cmd_remote_learn(args, out) -> int:
 
 
 def _learn_offline(store_path, start: bytes, params: dict) -> tuple[bytes, dict]:
-    from rewindfs.store import Store
-    from rewindfs.store.remote import open_backend
     from rewindfs.overlay.rewind import learn as tree_learn
     if not os.path.isdir(start):
         raise NotAWorkspace(path=os.fsdecode(start), store=str(store_path))
-    with Store.open(store_path) as store:
+    with store_lib.Store.open(store_path) as store:
         found = store.workspace_containing(start)
         root = start if found is None else found[1]
         if find_rewindfs_mount(root):
             raise StaleMount(path=os.fsdecode(root))
         config = _config(store, params["remote"])
-        learned = tree_learn.learn_offline(store, open_backend(config), config, root,
+        learned = tree_learn.learn_offline(store, remote_lib.open_backend(config), config, root,
                                            workspace=params["workspace"],
                                            session=params["session"])
     return root, learned.to_dict()
@@ -164,12 +162,10 @@ def _learn_offline(store_path, start: bytes, params: dict) -> tuple[bytes, dict]
 # -- push ----------------------------------------------------------------------------------
 
 def cmd_push(args, out) -> int:
-    from rewindfs.store import Store
-    from rewindfs.store.remote import open_backend
-    with Store.open(resolve_store_path(args.store), create=False) as store:
+    with store_lib.Store.open(resolve_store_path(args.store), create=False) as store:
         name = _default_remote(store, args.remote)
         config = _config(store, name)
-        backend = open_backend(config)
+        backend = remote_lib.open_backend(config)
         code = 0
         for ws, root in _workspaces_to_push(store, args):
             report = _push_one(store, backend, config, ws, root, out)
@@ -198,7 +194,7 @@ def _push_one(store, backend, config, ws: int, root: bytes, out):
     (``push`` on the socket): one push at a time per remote runs there, and this
     process's own push would meet the daemon's lease.  Anything else is pushed here, with
     this process's credentials (a daemon has those of the shell that mounted it)."""
-    from rewindfs.overlay.rewind import remote as tree_remote
+    tree_remote = _tree()
     done = _push_by_daemon(store, config.name, root, out)
     if done is not None:
         return _say_pushed(out, done)
@@ -286,12 +282,10 @@ class _Progress:
 # -- restore -------------------------------------------------------------------------------
 
 def cmd_restore(args, out) -> int:
-    from rewindfs.store import Store
-    from rewindfs.store.remote import open_backend
-    from rewindfs.overlay.rewind import remote as tree_remote
-    with Store.open(resolve_store_path(args.store)) as store:
+    tree_remote = _tree()
+    with store_lib.Store.open(resolve_store_path(args.store)) as store:
         config = _config(store, args.source)
-        backend = open_backend(config)
+        backend = remote_lib.open_backend(config)
         with _Progress(out, f"restore {args.dir}", "restore") as bar:
             res = tree_remote.restore(store, backend, config, args.workspace_id, args.point,
                                       args.dir, session=args.session, progress=bar.fetched)
@@ -320,11 +314,9 @@ def _warn_problems(out, problems) -> None:
 def fsck_remote(args, out) -> int:
     """``fsck --remote NAME``: every object read and verified (``store.remote._check``);
     exit 1 when a problem was found."""
-    from rewindfs.store import Store
-    from rewindfs.store.remote import check_remote, open_backend
-    with Store.open(resolve_store_path(args.store), create=False) as store:
+    with store_lib.Store.open(resolve_store_path(args.store), create=False) as store:
         config = _config(store, args.remote_check)
-    report = check_remote(open_backend(config))
+    report = remote_lib.check_remote(remote_lib.open_backend(config))
     for p in report.problems:
         out.emit("fsck.problem", **p)
         out.say(f"[red]{p['code']}[/]: {escape(p['message'])} (workspace "
@@ -345,10 +337,8 @@ def fsck_remote(args, out) -> int:
 def gc_remote_cmd(args, out) -> int:
     """``gc --remote NAME [--grace DUR] [--dry-run]`` (``store.remote._gc``): refused,
     exit 2, while a push holds a lease or a segment cannot be read."""
-    from rewindfs.store import Store
-    from rewindfs.store.remote import DEFAULT_GRACE_S, gc_remote, open_backend
-    grace = DEFAULT_GRACE_S if args.grace is None else parse_duration(args.grace)
-    with Store.open(resolve_store_path(args.store), create=False) as store:
+    grace = remote_lib.DEFAULT_GRACE_S if args.grace is None else parse_duration(args.grace)
+    with store_lib.Store.open(resolve_store_path(args.store), create=False) as store:
         config = _config(store, args.remote_gc)
         store_id = store.store_id()
 
@@ -357,7 +347,7 @@ def gc_remote_cmd(args, out) -> int:
         if args.dry_run:        # a real run says how many; thousands of lines help nobody
             out.say(f"would delete {escape(name)} ({human_bytes(size)})")
 
-    report = gc_remote(open_backend(config), config, store_id, grace_s=grace,
+    report = remote_lib.gc_remote(remote_lib.open_backend(config), config, store_id, grace_s=grace,
                        dry_run=args.dry_run, on_delete=deleting)
     for name, size, age in report.kept:
         out.emit("gc.kept", object=name, bytes=size, age_s=round(age, 3))

@@ -15,17 +15,21 @@ Restoring a tree onto a directory is the overlay's (``overlay.cli.remote``): it 
 the fetched history with the restore engine.
 """
 
-from ._backend import (DirBackend, RemoteConfig, S3Backend, open_backend, parse_url,
-                       probe_conditional)
-from ._check import RemoteCheck, check_remote
-from ._gc import DEFAULT_GRACE_S, GcLock, RemoteGcReport, gc_remote
-from ._fetch import BlobProblem, fetch_blobs, wanted_blobs
-from ._index import RemoteWorkspace, read_workspace, workspace_ids
-from ._lease import Lease
-from ._push import PushReport, push_workspace
+from rewindfs.store._lazy import lazy_names
 
-__all__ = ["BlobProblem", "DEFAULT_GRACE_S", "DirBackend", "GcLock", "Lease", "RemoteCheck",
-           "RemoteGcReport", "check_remote", "PushReport", "RemoteConfig", "RemoteWorkspace",
-           "S3Backend", "fetch_blobs", "gc_remote", "open_backend", "parse_url",
-           "probe_conditional", "push_workspace", "read_workspace", "wanted_blobs",
-           "workspace_ids"]
+# Loaded on first use (PEP 562): the CLI imports this package with every remote command
+# module, and only the commands that talk to a remote load boto3.
+_PUBLIC = {
+    **dict.fromkeys(["DirBackend", "RemoteConfig", "S3Backend", "open_backend", "parse_url",
+                     "probe_conditional"], "_backend"),
+    **dict.fromkeys(["RemoteCheck", "check_remote"], "_check"),
+    **dict.fromkeys(["DEFAULT_GRACE_S", "GcLock", "RemoteGcReport", "gc_remote"], "_gc"),
+    **dict.fromkeys(["BlobProblem", "fetch_blobs", "wanted_blobs"], "_fetch"),
+    **dict.fromkeys(["RemoteWorkspace", "read_workspace", "workspace_ids"], "_index"),
+    **dict.fromkeys(["Lease"], "_lease"),
+    **dict.fromkeys(["PushReport", "push_workspace"], "_push"),
+}
+
+__all__ = sorted(_PUBLIC)
+
+__getattr__ = lazy_names(__name__, _PUBLIC, globals())
