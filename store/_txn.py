@@ -34,22 +34,33 @@ def translate():
     try:
         yield
     except BaseException as exc:
-        translated = _translated(exc)
-        if translated is None:
-            raise
+        _raise_as_store_error(exc)
+        raise
+
+
+def _raise_as_store_error(exc: BaseException, env: lmdb.Environment | None = None) -> None:
+    """Raise the store error ``exc`` stands for, if any (else return: the caller lets
+    ``exc`` go on).  The one mapping of every transaction and ``translate`` block."""
+    translated = _store_error(exc, env)
+    if translated is not None:
         raise translated from exc
 
 
-def _translated(exc: BaseException) -> RewindfsError | None:
-    """The store error ``exc`` stands for; None: let it through as it is."""
+def _store_error(exc: BaseException, env: lmdb.Environment | None) -> RewindfsError | None:
+    """The store error ``exc`` stands for; None: let it through as it is.  With ``env``
+    (a write transaction's), a short write of a commit on a full disk is ``StoreFull``
+    (``_FULL_SLACK``)."""
     if isinstance(exc, RewindfsError):
         return None
     if isinstance(exc, lmdb.MapFullError):
         return StoreFull("the index map is full")
     if isinstance(exc, lmdb.Error):
         # py-lmdb reports a failed write(2) as a plain Error carrying strerror
-        if any(os.strerror(e) in str(exc) for e in _FULL_ERRNOS):
+        text = str(exc)
+        if any(os.strerror(e) in text for e in _FULL_ERRNOS):
             return StoreFull(f"index: {exc}")
+        if env is not None and os.strerror(errno.EIO) in text and _nearly_full(env.path()):
+            return StoreFull(f"index: {exc} (the disk is full)")
         return StoreError(f"index: {exc}")
     if isinstance(exc, OSError):
         if exc.errno in _FULL_ERRNOS:
@@ -108,20 +119,8 @@ class read(_Transaction):
     def __exit__(self, typ, exc, tb) -> bool:
         self.txn.abort()       # a read transaction has nothing to commit
         if typ is not None:
-            _raise_as_store_error(exc, None)
+            _raise_as_store_error(exc)
         return False
-
-
-def _raise_as_store_error(exc: BaseException, env: lmdb.Environment | None) -> None:
-    """Raise the store error ``exc`` stands for, if any (else return: the caller lets
-    ``exc`` go on).  With ``env`` (a write transaction), a short write of a commit on a
-    full disk is ``StoreFull``."""
-    if env is not None and isinstance(exc, lmdb.Error) \
-            and os.strerror(errno.EIO) in str(exc) and _nearly_full(env.path()):
-        raise StoreFull(f"index: {exc} (the disk is full)") from exc
-    translated = _translated(exc)
-    if translated is not None:
-        raise translated from exc
 
 
 class _Pending:
