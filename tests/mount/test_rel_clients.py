@@ -22,6 +22,7 @@ import subprocess
 import sys
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 from mountkit import cli, is_rewindfs_mount, mounted
@@ -169,30 +170,41 @@ def test_a_client_that_stops_reading_holds_up_no_turn_mark(tmp_path):
         _mount_works(m, 3)
 
 
-def test_a_client_killed_mid_rewind_leaves_the_rewind_finished(tmp_path):
-    ws, store = tmp_path / "ws", tmp_path / "store"
-    ws.mkdir()
-    _seed(ws, 1000)
-    before = snapshot(ws)
-    env, pause = _pause_env(tmp_path, "kill")
+@contextmanager
+def _rewind_paused_at_100(tmp_path, ws: Path, name: str):
+    """1,000 files rewritten by turn 1 on a mount of *ws*, and a ``rewindfs --json
+    rewind`` to before it whose landing is paused after its 100th change.  Yields
+    ``(m, client, pause)``; afterwards the pause is released and the client reaped."""
+    store = tmp_path / "store"
+    env, pause = _pause_env(tmp_path, name)
     env["REWINDFS_PAUSE_AFTER"] = "100"
     with mounted(ws, store, env=env) as m:
         epoch = _turn_rewriting_all(m, 1000)
         client = subprocess.Popen([REWINDFS, "--store", str(store), "--json", "rewind",
                                    f"e{epoch}", "-C", str(ws)], stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE)
+                                  stderr=subprocess.DEVNULL)
         try:
             _wait_until(pause.exists, "the landing to pause")
-            client.stdout.readline()                 # it is streaming
-            client.kill()
-            client.wait()
+            yield m, client, pause
         finally:
-            if client.poll() is None:
-                client.kill()
-                client.wait()
-            client.stdout.close()
-            client.stderr.close()
-            pause.unlink()
+            try:
+                pause.unlink()                      # let the landing go on
+            except FileNotFoundError:
+                pass
+            client.stdout.close()                   # a client still streaming ends too
+            client.wait(_WAIT_S)
+
+
+def test_a_client_killed_mid_rewind_leaves_the_rewind_finished(tmp_path):
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    _seed(ws, 1000)
+    before = snapshot(ws)
+    with _rewind_paused_at_100(tmp_path, ws, "kill") as (m, client, pause):
+        client.stdout.readline()                    # it is streaming
+        client.kill()
+        client.wait()
+        pause.unlink()
         _finished(m)
         assert compare(before, snapshot(ws)) == []
         _mount_works(m, 2)
@@ -264,35 +276,22 @@ def test_ctrl_c_on_a_turn_mark_says_whether_it_happened(tmp_path):
     """A person presses Ctrl-C on ``rewindfs turn begin`` while the daemon still holds
     it (a turn mark waits for a running rewind).  The daemon carries the mark out all the
     same; the CLI's last line must say so and where to look — before, it exited 130 and
-    said nothing, so the person could not tell whether turn 2 had begun."""
-    ws, store = tmp_path / "ws", tmp_path / "store"
+    said nothing, so the person could not tell whether turn 7 had begun."""
+    ws = tmp_path / "ws"
     ws.mkdir()
     _seed(ws, 1000)
-    env, pause = _pause_env(tmp_path, "mark")
-    env["REWINDFS_PAUSE_AFTER"] = "100"
-    with mounted(ws, store, env=env) as m:
-        epoch = _turn_rewriting_all(m, 1000)
-        rewind = subprocess.Popen([REWINDFS, "--store", str(store), "--json", "rewind",
-                                   f"e{epoch}", "-C", str(ws)], stdout=subprocess.DEVNULL,
-                                  stderr=subprocess.DEVNULL)
-        term = None
+    with _rewind_paused_at_100(tmp_path, ws, "mark") as (m, client, pause):
+        term = Terminal([REWINDFS, "--store", str(m.store), "turn", "begin", "--session",
+                         "s", "--turn", "7", "-C", str(ws)], cwd=ws.parent)
         try:
-            _wait_until(pause.exists, "the landing to pause")
-            term = Terminal([REWINDFS, "--store", str(store), "turn", "begin", "--session",
-                             "s", "--turn", "7", "-C", str(ws)], cwd=ws.parent)
             _wait_until(lambda: _blocked_on_reply(term.pid), "turn begin to send its request")
             term.ctrl_c()
             assert term.wait() == 130, term.text()[-3000:]
             last = term.last_line()
             assert "turn begin" in last and "`rewindfs status`" in last, term.text()[-3000:]
         finally:
-            try:
-                pause.unlink()
-            except FileNotFoundError:
-                pass
-            if term is not None:
-                term.close()
-            rewind.wait(_WAIT_S)
+            term.close()
+        pause.unlink()
         # what the line promised: once the rewind is done, turn 7 has begun
         _wait_until(lambda: (m.call("status").get("open_turn") or {}).get("turn") == 7,
                     "the interrupted mark to be carried out")
