@@ -317,6 +317,13 @@ class KernelSession:
             trio.lowlevel.remove_instrument(handover)
             ended()
 
+    async def settle(self) -> None:
+        """Over io_uring: wait until every request the kernel handed to a queue before
+        this call was answered (``Queues.settle``; the trio thread sleeps meanwhile, so
+        the queue threads can run).  Through ``/dev/fuse`` nothing to do."""
+        if self.queues is not None:
+            await trio.to_thread.run_sync(self.queues.settle)
+
     def uring_counts(self) -> list[int] | None:
         """Requests served by each io_uring queue, or None when not on io_uring."""
         return self.queues.counts() if self.queues is not None else None

@@ -58,6 +58,8 @@ _OFF_SQ_RING, _OFF_CQ_RING, _OFF_SQES = 0, 0x8000000, 0x10000000
 _FEAT_SINGLE_MMAP = 1 << 0
 _ENTER_GETEVENTS, _ENTER_EXT_ARG = 1 << 0, 1 << 3
 _OP_URING_CMD = 46
+_OP_MSG_RING = 40
+_BARRIER = 0xFFFFFFFF              # user_data of a barrier's CQE in a queue's ring
 CMD_REGISTER, CMD_COMMIT_AND_FETCH = 1, 2
 _SQE_SIZE = 128
 _CQE_SIZE = 16
@@ -207,6 +209,11 @@ class _Ring:
         struct.pack_into("<I", cq, self.cq_head_off, head)
         return out
 
+    def ready(self) -> bool:
+        """A completion waits to be reaped."""
+        return (struct.unpack_from("<I", self.cq, self.cq_head_off)[0]
+                != struct.unpack_from("<I", self.cq, self.cq_tail_off)[0])
+
     def close(self) -> None:
         fd, self.fd = self.fd, -1
         if fd >= 0:
@@ -250,6 +257,7 @@ class Queue:
             self.ring.close()
             raise
         self.served = 0
+        self.acked = 0                  # the last barrier this queue got past
         self.thread: threading.Thread | None = None
         self.error: int | None = None
 
@@ -266,6 +274,10 @@ class Queues:
         self.serial = threading.Lock()
         self.stopping = False
         self.dispatch = None
+        self.helper: _Ring | None = None        # posts barriers (``settle``)
+        self.barrier_lock = threading.Lock()
+        self.acked = threading.Condition()
+        self.token = 0
 
     def prepare(self) -> None:
         """Create and map a ring with its entries for every possible CPU; on failure
@@ -275,6 +287,7 @@ class Queues:
                 raise UringUnavailable(errno.ENOMEM, "io_uring setup refused (test knob)")
             for qid in range(nr_possible_cpus()):
                 self.queues.append(Queue(qid, self.fuse_fd, self.depth, self.payload))
+            self.helper = _Ring(4)
         except OSError as exc:
             self.close_rings()
             self.queues.clear()
@@ -292,6 +305,41 @@ class Queues:
 
     def counts(self) -> list[int]:
         return [q.served for q in self.queues]
+
+    def settle(self, timeout: float = 5.0) -> bool:
+        """Wait until every request the kernel handed to a queue before this call was
+        answered (from a worker thread, while the trio thread sleeps and lends
+        ``serial``).  A barrier CQE is posted into each live queue's ring
+        (``IORING_OP_MSG_RING``); a queue thread woken by it has run the task work that
+        delivers earlier requests, and acknowledges once it answered everything it
+        reaped and nothing more came with its commits.  Why: through ``/dev/fuse`` one
+        FIFO made a RELEASE sent before a turn mark's socket request arrive first; the
+        rings are one per CPU and need this to say the same.  False on timeout."""
+        with self.barrier_lock:
+            live = [q for q in self.queues if q.thread is not None and q.thread.is_alive()]
+            if not live or self.helper is None:
+                return True
+            self.token = token = (self.token + 1) & 0x7FFFFFFF
+            for q in live:
+                sqe = bytearray(_SQE_SIZE)
+                # opcode flags ioprio fd | off: the target's user_data | addr: MSG_DATA
+                # | len: the target's res | msg_ring_flags | user_data
+                struct.pack_into("<BBHiQQIIQ", sqe, 0, _OP_MSG_RING, 0, 0, q.ring.fd,
+                                 _BARRIER, 0, token, 0, q.qid)
+                self.helper.push(bytes(sqe))
+            self.helper.enter(len(live))
+            for _, res in self.helper.reap():
+                if res < 0:
+                    log.warning("io_uring barrier not posted: %s", os.strerror(-res))
+            deadline = time.monotonic() + timeout
+            with self.acked:
+                while any(q.acked != token and q.thread.is_alive() for q in live):
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        log.warning("io_uring queues did not settle in %.1fs", timeout)
+                        return False
+                    self.acked.wait(left)
+            return True
 
     def stop(self) -> None:
         """Ask every thread to end once idle (they look every ``_WAKE_S``)."""
@@ -311,6 +359,8 @@ class Queues:
         for q in self.queues:
             if q.thread is None or not q.thread.is_alive():
                 q.ring.close()
+        if self.helper is not None:
+            self.helper.close()
 
     # -- a queue's thread -----------------------------------------------------------------
 
@@ -327,6 +377,8 @@ class Queues:
             log.exception("io_uring queue %d failed", q.qid)
         finally:
             ring.close()
+            with self.acked:            # a settle waiting for this queue stops waiting
+                self.acked.notify_all()
 
     def _register(self, q: Queue) -> None:
         """Submit a REGISTER per entry.  EAGAIN (the INIT reply not processed yet) is
@@ -342,6 +394,7 @@ class Queues:
     def _loop(self, q: Queue, ring: _Ring, disp) -> None:
         entries, serial = q.entries, self.serial
         retries = 0
+        barrier = None
         while True:
             ret = ring.enter(1)
             if ret < 0 and ret not in (-errno.EINTR, -errno.ETIME, -errno.EAGAIN,
@@ -351,6 +404,9 @@ class Queues:
             if not done and self.stopping:
                 return
             for i, (index, res) in enumerate(done):
+                if index == _BARRIER:
+                    barrier = res
+                    continue
                 ent = entries[index]
                 if res == -errno.EAGAIN and retries < 200:     # before INIT took effect
                     retries += 1
@@ -369,7 +425,13 @@ class Queues:
                 ring.push(ent.command(CMD_COMMIT_AND_FETCH, unique))
                 if i + 1 < len(done):      # more to do: send this reply now
                     ring.enter(0)
-
+            if barrier is not None:
+                ring.enter(0)              # the replies out; what they fetch shows now
+                if not ring.ready():
+                    with self.acked:
+                        q.acked = barrier
+                        self.acked.notify_all()
+                    barrier = None
 
 class HandOver(trio.abc.Instrument):
     """A trio ``Instrument``: the trio thread holds *lock* whenever it runs and lends it
