@@ -29,7 +29,7 @@ import trio
 
 from rewindfs.overlay.fs.fastwait import trio_internals
 from rewindfs.overlay.fs.kernel import mounting, uring, wire
-from rewindfs.overlay.fs.kernel.dispatch import Dispatcher
+from rewindfs.overlay.fs.kernel.dispatch import Dispatcher, RingDispatcher
 
 log = logging.getLogger(__name__)
 
@@ -143,7 +143,7 @@ class KernelSession:
         log.info("kernel FUSE session: protocol 7.%d, flags %#x", minor, self.flags)
         if self.queues is not None:
             if self.flags & wire.OVER_IO_URING:
-                self.queues.go(self.dispatch)
+                self.queues.go(lambda: RingDispatcher(self.dispatch))
                 log.info("FUSE over io_uring: %d queues", len(self.queues.queues))
             else:
                 self.queues.close_rings()

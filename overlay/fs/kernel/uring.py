@@ -293,14 +293,14 @@ class Queues:
             self.queues.clear()
             raise UringUnavailable(exc.errno or errno.EIO, str(exc)) from None
 
-    def go(self, dispatch) -> None:
-        """Start one thread per queue; each registers its entries and serves them.  The
-        calling thread (the one that will run trio) holds ``serial`` from now on."""
-        from rewindfs.overlay.fs.kernel.dispatch import RingDispatcher
+    def go(self, dispatcher) -> None:
+        """Start one thread per queue; each registers its entries and serves them with
+        its own ``dispatcher()`` (``dispatch.RingDispatcher``).  The calling thread (the
+        one that will run trio) holds ``serial`` from now on."""
         self.serial.acquire()
         for q in self.queues:
             q.thread = threading.Thread(target=self._serve, name=f"rewindfs-uring-{q.qid}",
-                                        args=(q, RingDispatcher(dispatch)), daemon=True)
+                                        args=(q, dispatcher()), daemon=True)
             q.thread.start()
 
     def counts(self) -> list[int]:
