@@ -395,8 +395,18 @@ class Queues:
         entries, serial = q.entries, self.serial
         retries = 0
         barrier = None
+        idle, normal = _reply_policies()
         while True:
-            ret = ring.enter(1)
+            if idle is not None:
+                # the reply wakes the caller on this CPU: as SCHED_IDLE from the commit
+                # until the next request, the thread yields the CPU to it instead of
+                # pushing it to another one (REWINDFS_URING_IDLE_REPLY=1, measured in
+                # docs/benchmarks.md); handlers run at the normal policy
+                os.sched_setscheduler(0, os.SCHED_IDLE, idle)
+                ret = ring.enter(1)
+                os.sched_setscheduler(0, os.SCHED_OTHER, normal)
+            else:
+                ret = ring.enter(1)
             if ret < 0 and ret not in (-errno.EINTR, -errno.ETIME, -errno.EAGAIN,
                                        -errno.EBUSY):
                 raise OSError(-ret, f"io_uring_enter: {os.strerror(-ret)}")
@@ -432,6 +442,14 @@ class Queues:
                         q.acked = barrier
                         self.acked.notify_all()
                     barrier = None
+
+def _reply_policies():
+    """(SCHED_IDLE's, SCHED_OTHER's parameters) when ``REWINDFS_URING_IDLE_REPLY=1``,
+    else (None, None)."""
+    if os.environ.get("REWINDFS_URING_IDLE_REPLY") != "1":
+        return None, None
+    return os.sched_param(0), os.sched_param(0)
+
 
 class HandOver(trio.abc.Instrument):
     """A trio ``Instrument``: the trio thread holds *lock* whenever it runs and lends it
