@@ -263,6 +263,9 @@ REWINDFS_TARGETS = {
     # while the target is mounted and put back afterwards: _uring_enabled)
     "rewindfs-kernel-uring": {"REWINDFS_SESSION": "kernel", "REWINDFS_PASSTHROUGH": "1",
                               "REWINDFS_URING": "1"},
+    # ... with the queue threads SCHED_IDLE from each reply until the next request
+    "rewindfs-kernel-uring-idle": {"REWINDFS_SESSION": "kernel", "REWINDFS_PASSTHROUGH": "1",
+                                   "REWINDFS_URING": "1", "REWINDFS_URING_IDLE_REPLY": "1"},
 }
 
 _URING_PARAM = Path("/sys/module/fuse/parameters/enable_uring")

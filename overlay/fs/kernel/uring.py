@@ -273,7 +273,6 @@ class Queues:
         self.queues: list[Queue] = []
         self.serial = threading.Lock()
         self.stopping = False
-        self.dispatch = None
         self.helper: _Ring | None = None        # posts barriers (``settle``)
         self.barrier_lock = threading.Lock()
         self.acked = threading.Condition()
