@@ -137,7 +137,11 @@ class DaemonContext:
         is open for writing (``fs.writers_open``): a closed file's pages were written
         back at its last close.  The store is not flushed here: a boundary becomes
         durable through ``_sync_store`` within ``_FLUSH_EVERY_S``, or earlier through
-        any fsync that depends on it (docs/store.md "Durability")."""
+        any fsync that depends on it (docs/store.md "Durability").  Over io_uring it
+        first waits for the requests already handed to the queues (``session.settle``)."""
+        # over io_uring, first the requests already handed out (a RELEASE sent before
+        # the mark was asked must not leave its file looking open for writing at it)
+        await session.settle()
         path = self.workspace_path
         if not (self.fs.enable_writeback_cache and self.fs.writers_open()):
             return

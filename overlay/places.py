@@ -24,7 +24,11 @@ from rewindfs.store._location import is_inside  # noqa: F401  (re-exported for o
 from rewindfs.overlay.errors import (BadWorkspace, ForeignMount, RefusedWorkspace, StaleMount,
                                      UnsafeRuntimeDir, UnsafeSocket)
 
-__all__ = ["check_socket_owner", "control_socket_path", "default_store_path", "find_socket", "ensure_runtime_dir", "open_log", "resolve_store_path", "check_workspace", "check_place", "is_inside",
+# What a mount whose daemon died answers: ENOTCONN through /dev/fuse, ECONNABORTED
+# when it was served over io_uring (the kernel aborted the connection's ring).
+DEAD_MOUNT = (errno.ENOTCONN, errno.ECONNABORTED)
+
+__all__ = ["DEAD_MOUNT", "check_socket_owner", "control_socket_path", "default_store_path", "find_socket", "ensure_runtime_dir", "open_log", "resolve_store_path", "check_workspace", "check_place", "is_inside",
            "mount_table", "enclosing_rewindfs_mount", "check_mount_owner",
            "mount_users", "rewindfs_mount_at"]
 
@@ -145,7 +149,7 @@ def check_workspace(dir_path, store_path) -> bytes:
     except FileNotFoundError:
         raise BadWorkspace(path=name, reason="it does not exist") from None
     except OSError as exc:
-        if exc.errno == errno.ENOTCONN:
+        if exc.errno in DEAD_MOUNT:
             raise StaleMount(path=name) from None
         raise BadWorkspace(path=name, reason=exc.strerror) from None
     if not stat.S_ISDIR(st.st_mode):

@@ -259,11 +259,41 @@ REWINDFS_TARGETS = {
     "rewindfs": {"REWINDFS_SESSION": "libfuse"},
     "rewindfs-kernel": {"REWINDFS_SESSION": "kernel", "REWINDFS_PASSTHROUGH": "0"},
     "rewindfs-kernel-pt": {"REWINDFS_SESSION": "kernel", "REWINDFS_PASSTHROUGH": "1"},
+    # the same over FUSE-over-io_uring (root; the fuse module's enable_uring is set to Y
+    # while the target is mounted and put back afterwards: _uring_enabled)
+    "rewindfs-kernel-uring": {"REWINDFS_SESSION": "kernel", "REWINDFS_PASSTHROUGH": "1",
+                              "REWINDFS_URING": "1"},
+    # ... with the queue threads SCHED_IDLE from each reply until the next request
+    "rewindfs-kernel-uring-idle": {"REWINDFS_SESSION": "kernel", "REWINDFS_PASSTHROUGH": "1",
+                                   "REWINDFS_URING": "1", "REWINDFS_URING_IDLE_REPLY": "1"},
 }
+
+_URING_PARAM = Path("/sys/module/fuse/parameters/enable_uring")
+
+
+@contextmanager
+def _uring_enabled(env):
+    """enable_uring=Y for a target that asks for io_uring, the old value back after."""
+    if not (env or {}).get("REWINDFS_URING") == "1" or not _URING_PARAM.exists():
+        yield
+        return
+    old = _URING_PARAM.read_text().strip()
+    _URING_PARAM.write_text("Y")
+    try:
+        yield
+    finally:
+        _URING_PARAM.write_text(old)
 
 
 @contextmanager
 def rewindfs_target(work: Path, store: Path, session: str = "bench", env=None):
+    with _uring_enabled(env):
+        with _rewindfs_mounted(work, store, session, env) as out:
+            yield out
+
+
+@contextmanager
+def _rewindfs_mounted(work: Path, store: Path, session: str, env):
     d = work / "rw"
     d.mkdir()
     proc = subprocess.Popen([PY, "-m", "rewindfs.overlay.cli", "mount", str(d), "--foreground",

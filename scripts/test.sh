@@ -7,7 +7,8 @@
 # that needs no /dev/fuse, or a directory such as tests/unit.  Without arguments, as
 # root, every tier that mounts (tests/mount, tests/e2e) runs a second time on the
 # libfuse session (the default is the kernel-direct one), so both session layers stay
-# tested; tests/unit mounts nothing and runs once.
+# tested, and, where the fuse module has enable_uring, tests/mount a third time over
+# FUSE-over-io_uring (REWINDFS_URING=1); tests/unit mounts nothing and runs once.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -x .venv/bin/pytest ] || bash scripts/setup.sh
@@ -24,6 +25,18 @@ fi
 .venv/bin/python -m pytest -p no:cacheprovider
 if [ "$(id -u)" = 0 ]; then     # the mount tiers need root: as a user they skip
     echo "== pytest: the tiers that mount, on the libfuse session"
-    exec .venv/bin/python -m pytest -p no:cacheprovider tests/mount tests/e2e \
+    .venv/bin/python -m pytest -p no:cacheprovider tests/mount tests/e2e \
         --fuse-session libfuse
+    # A third pass where the fuse module can do FUSE over io_uring: tests/mount on the
+    # kernel session with REWINDFS_URING=1 (the daemons inherit the environment).  The
+    # module's enable_uring is Y for the pass and put back afterwards, also on failure.
+    URING_PARAM=/sys/module/fuse/parameters/enable_uring
+    if [ -w "$URING_PARAM" ]; then
+        echo "== pytest: tests/mount on the kernel session over io_uring"
+        URING_OLD=$(cat "$URING_PARAM")
+        trap 'echo "$URING_OLD" > "$URING_PARAM"' EXIT
+        echo Y > "$URING_PARAM"
+        REWINDFS_URING=1 .venv/bin/python -m pytest -p no:cacheprovider tests/mount \
+            --fuse-session kernel
+    fi
 fi

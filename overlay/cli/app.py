@@ -32,6 +32,7 @@ from rewindfs.store._errors import InternalError, RewindfsError
 from rewindfs.overlay.cli import mount, options, remote, rewind
 from rewindfs.overlay.cli.render import escape
 from rewindfs.overlay.errors import Interrupted, StaleMount, UsageError
+from rewindfs.overlay.places import DEAD_MOUNT
 from rewindfs.overlay.cli.exits import EXIT_INTERRUPTED, EXIT_PIPE_CLOSED
 
 __all__ = ["Output", "build_parser", "main"]
@@ -144,7 +145,7 @@ def main(argv=None) -> int:
             return _pipe_closed()
         return _unexpected(exc, out, verbose=bool(args is not None and args.verbose))
     except OSError as exc:
-        if exc.errno == errno.ENOTCONN:     # a dead daemon's mount, met on the way
+        if exc.errno in DEAD_MOUNT:     # a dead daemon's mount, met on the way
             where = os.fsdecode(exc.filename) if exc.filename is not None else "."
             err = StaleMount(path=where)
             out.error(err)

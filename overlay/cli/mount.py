@@ -22,7 +22,7 @@ from rewindfs.overlay.cli import options
 from rewindfs.overlay.control import client, wire
 from rewindfs.overlay.fs import SESSIONS
 from rewindfs.overlay.cli.render import INTENT_FINISHING, INTENT_PENDING, escape, human_bytes
-from rewindfs.overlay.places import (check_mount_owner, check_place, check_workspace,
+from rewindfs.overlay.places import (DEAD_MOUNT, check_mount_owner, check_place, check_workspace,
                                      control_socket_path, enclosing_rewindfs_mount,
                                      find_rewindfs_mount, find_socket, lazy_unmount,
                                      ensure_runtime_dir, is_inside, mount_users, open_log,
@@ -151,7 +151,7 @@ def unmount_workspace(dir_path, store, *, lazy: bool = False,
     try:
         os.statvfs(real)  # statfs always reaches the daemon (stat may come from cache)
     except OSError as exc:
-        if exc.errno == errno.ENOTCONN:  # a dead daemon's mount
+        if exc.errno in DEAD_MOUNT:  # a dead daemon's mount
             lazy_unmount(real)
             return "stale mount detached", []
         raise NotMounted(path=os.fsdecode(raw)) from None

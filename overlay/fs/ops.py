@@ -1256,6 +1256,8 @@ class RewindOperations(pyfuse3.Operations):
                 "requests": sess.request_counts() if sess is not None else {},
                 "request_ns": sess.request_times() if sess is not None else {},
                 "spins": sess.spin_counts() if hasattr(sess, "spin_counts") else {},
+                # requests served by each FUSE-over-io_uring queue (None: /dev/fuse only)
+                "uring_queues": sess.uring_counts() if hasattr(sess, "uring_counts") else None,
                 "store_syncs": self.store.statistics()["durability"]["syncs"],
                 "open_files": len(self.handles), **self.stats, **self.table.statistics()}
 

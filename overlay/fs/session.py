@@ -21,7 +21,7 @@ from rewindfs.overlay.fs import SESSIONS
 from rewindfs.overlay.fs.libfuse import LibfuseSession, mount_options
 
 __all__ = ["SESSIONS", "active", "choose", "default", "invalidate_entry", "invalidate_inode",
-           "mount", "readdir_reply", "serve", "unmount"]
+           "mount", "readdir_reply", "serve", "settle", "unmount"]
 
 _active = None
 
@@ -82,6 +82,14 @@ def unmount() -> None:
     sess, _active = _active, None
     if sess is not None:
         sess.close()
+
+
+async def settle() -> None:
+    """Wait until the requests the kernel already handed out are answered: a no-op
+    except over io_uring, whose per-CPU queues are not one FIFO (``KernelSession.settle``)."""
+    sess = _active
+    if sess is not None and hasattr(sess, "settle"):
+        await sess.settle()
 
 
 async def serve(ended) -> None:

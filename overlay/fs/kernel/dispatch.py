@@ -21,6 +21,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import struct
 import time
 
 import pyfuse3
@@ -29,10 +30,11 @@ from pyfuse3 import FUSEError
 from rewindfs.overlay.fs.attrs import StatAttr
 from rewindfs.overlay.fs.kernel import wire
 from rewindfs.overlay.fs.kernel.backing import BackingFiles
+from rewindfs.overlay.fs.kernel.uring import PAYLOAD as _RING_PAYLOAD
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Ctx", "DirBuffer", "Dispatcher", "Fields", "pack_entry"]
+__all__ = ["Ctx", "DirBuffer", "Dispatcher", "Fields", "RingDispatcher", "pack_entry"]
 
 _XATTR_CREATE, _XATTR_REPLACE = 1, 2
 _NS = 1_000_000_000
@@ -624,3 +626,72 @@ _ROUTES = {
     wire.COPY_FILE_RANGE_64: "copy_file_range_64",
     wire.INTERRUPT: "interrupt", wire.DESTROY: "destroy", wire.IOCTL: "ioctl",
 }
+
+
+_PAYLOAD_SZ = struct.Struct("<I")
+
+
+class RingDispatcher(Dispatcher):
+    """One io_uring queue's view of *base* (``uring``): the same handlers and state
+    (open listings, backing ids, request counts — shared, so used only under the
+    session's ``serial`` lock), but a request comes from a ring entry and its reply goes
+    back into that entry, committed by the queue's thread after ``serve`` returns."""
+
+    def __init__(self, base: Dispatcher):
+        self.__dict__.update(base.__dict__)
+        self.__dict__.pop("handle", None)          # the timed variant reads _buf
+        self.times_on = False
+        table = [None] * 64
+        for opcode, name in _ROUTES.items():
+            table[opcode] = getattr(self, name)
+        self.table = table
+        self.mem = None
+        self.unique = 0
+        self.answered = False
+
+    def serve(self, ent) -> int:
+        """Run the request in ring entry *ent* and leave its reply there; returns the
+        request's unique (the commit id)."""
+        mem = ent.mem
+        self.mem, self.room = mem, ent.room
+        length, opcode, unique, nodeid, uid, gid, pid, extlen, _ = wire.IN_HEADER.unpack_from(mem)
+        self.unique, self.answered = unique, False
+        psz = _PAYLOAD_SZ.unpack_from(mem, 256 + 16)[0]
+        fixed = length - 40 - psz
+        fn = self.table[opcode] if opcode < 64 else None
+        if opcode < 64:
+            self.counts[opcode] += 1
+        if fn is None or not 0 <= fixed <= 128:
+            self.error(unique, errno.ENOSYS if fn is None else errno.EIO)
+            return unique
+        start = _RING_PAYLOAD - fixed
+        if fixed:
+            mem[start:_RING_PAYLOAD] = mem[128:128 + fixed]
+        body = ent.view[start:_RING_PAYLOAD + psz - extlen * 8]
+        try:
+            fn(unique, nodeid, Ctx(uid, gid, pid), body)
+        except FUSEError as exc:
+            self.error(unique, exc.errno)
+        except Exception:
+            log.exception("FUSE request %d failed", opcode)
+            self.error(unique, errno.EIO)
+        finally:
+            del body
+        if not self.answered:
+            self.error(unique, errno.EIO)
+        return unique
+
+    def reply(self, unique: int, payload=b"") -> None:
+        mem = self.mem
+        n = len(payload)
+        if n > self.room:
+            raise FUSEError(errno.EIO)
+        mem[_RING_PAYLOAD:_RING_PAYLOAD + n] = payload
+        wire.OUT_HEADER.pack_into(mem, 0, 16 + n, 0, unique)
+        _PAYLOAD_SZ.pack_into(mem, 256 + 16, n)
+        self.answered = True
+
+    def error(self, unique: int, err: int) -> None:
+        wire.OUT_HEADER.pack_into(self.mem, 0, 16, -err, unique)
+        _PAYLOAD_SZ.pack_into(self.mem, 256 + 16, 0)
+        self.answered = True

@@ -28,8 +28,8 @@ import time
 import trio
 
 from rewindfs.overlay.fs.fastwait import trio_internals
-from rewindfs.overlay.fs.kernel import mounting, wire
-from rewindfs.overlay.fs.kernel.dispatch import Dispatcher
+from rewindfs.overlay.fs.kernel import mounting, uring, wire
+from rewindfs.overlay.fs.kernel.dispatch import Dispatcher, RingDispatcher
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +89,7 @@ class KernelSession:
         self.spin: SpinBudget | None = None    # the polled loop's (its counts: status)
         self._buf = bytearray(_BUFSIZE)
         self.dispatch: Dispatcher | None = None
+        self.queues: uring.Queues | None = None     # FUSE over io_uring, when granted
 
     # -- mount and INIT ------------------------------------------------------------------
 
@@ -126,7 +127,10 @@ class KernelSession:
             offered &= 0xFFFFFFFF
         self.kernel_minor = minor
         self.offered = offered
-        self.flags = self.want(offered) & offered
+        want = self.want(offered)
+        if offered & wire.OVER_IO_URING and uring.wanted():
+            want |= self._prepare_uring()
+        self.flags = want & offered
         self.dispatch = Dispatcher(self)
         self.ops.mode_dropped = self._attr_changed
         out = wire.INIT_OUT.pack(
@@ -137,6 +141,25 @@ class KernelSession:
             out = out[:24]
         self._send(wire.OUT_HEADER.pack(16 + len(out), 0, unique) + out)
         log.info("kernel FUSE session: protocol 7.%d, flags %#x", minor, self.flags)
+        if self.queues is not None:
+            if self.flags & wire.OVER_IO_URING:
+                self.queues.go(lambda: RingDispatcher(self.dispatch))
+                log.info("FUSE over io_uring: %d queues", len(self.queues.queues))
+            else:
+                self.queues.close_rings()
+                self.queues = None
+
+    def _prepare_uring(self) -> int:
+        """Every ring made and mapped before the INIT reply (``uring`` module doc):
+        ``OVER_IO_URING`` to ask for, or 0 (stay on ``/dev/fuse``) if one failed."""
+        queues = uring.Queues(self.fd, _MAX_WRITE + 4096)
+        try:
+            queues.prepare()
+        except uring.UringUnavailable as exc:
+            log.warning("FUSE over io_uring unavailable, staying on /dev/fuse: %s", exc)
+            return 0
+        self.queues = queues
+        return wire.OVER_IO_URING
 
     def want(self, offered: int) -> int:
         """The flags we ask for, given what the kernel *offered*."""
@@ -171,6 +194,8 @@ class KernelSession:
             prof.dump_stats(out)
 
     async def _serve(self, ended) -> None:
+        if self.queues is not None:
+            return await self._serve_beside_rings(ended)
         others, runq = trio_internals()
         if others is not None:
             return await self._serve_polled(ended, others, runq)
@@ -261,6 +286,48 @@ class KernelSession:
         finally:
             ended()
 
+    async def _serve_beside_rings(self, ended) -> None:
+        """The loop while io_uring queues serve the requests: ``/dev/fuse`` brings only
+        FORGET, BATCH_FORGET and INTERRUPT (and everything, if the kernel fell back), so
+        no spinning — the trio thread must sleep in its I/O wait, where ``HandOver``
+        lends the queue threads the ``serial`` lock."""
+        fd, buf = self.fd, self._buf
+        readv, handle = os.readv, self.dispatch.handle
+        handover = uring.HandOver(self.queues.serial)
+        trio.lowlevel.add_instrument(handover)
+        countdown = _FAIR_EVERY
+        try:
+            while True:
+                try:
+                    n = readv(fd, [buf])
+                except BlockingIOError:
+                    countdown = _FAIR_EVERY
+                    await trio.lowlevel.wait_readable(fd)
+                    continue
+                except OSError as exc:
+                    if _goes_on(exc):
+                        continue
+                    return
+                handle(n)
+                countdown -= 1
+                if countdown <= 0:
+                    countdown = _FAIR_EVERY
+                    await trio.lowlevel.checkpoint()
+        finally:
+            trio.lowlevel.remove_instrument(handover)
+            ended()
+
+    async def settle(self) -> None:
+        """Over io_uring: wait until every request the kernel handed to a queue before
+        this call was answered (``Queues.settle``; the trio thread sleeps meanwhile, so
+        the queue threads can run).  Through ``/dev/fuse`` nothing to do."""
+        if self.queues is not None:
+            await trio.to_thread.run_sync(self.queues.settle)
+
+    def uring_counts(self) -> list[int] | None:
+        """Requests served by each io_uring queue, or None when not on io_uring."""
+        return self.queues.counts() if self.queues is not None else None
+
     def request_counts(self) -> dict[str, int]:
         """Requests served so far, by opcode name (``wire``'s names, lower case)."""
         counts = self.dispatch.counts if self.dispatch is not None else []
@@ -316,7 +383,23 @@ class KernelSession:
         fd, self.fd = self.fd, None
         if fd is None:
             return
+        queues = self.queues
         try:
+            if queues is not None:
+                # the threads go on serving until the detach ends the connection (or
+                # they see ``stopping``); they need ``serial``, which this thread — the
+                # trio thread, no longer in trio — holds
+                queues.stop()
+                try:
+                    mounting.detach(self.mountpoint, fd)
+                finally:
+                    queues.serial.release()
+                    queues.join()
+                log.info("requests served: %s, by io_uring queue: %s",
+                         self.request_counts(), queues.counts())
+                if self.dispatch is not None:
+                    self.dispatch.close()
+                return
             if self.dispatch is not None:
                 log.info("requests served: %s", self.request_counts())
                 self.dispatch.close()

@@ -92,6 +92,7 @@ HANDLE_KILLPRIV_V2 = 1 << 28
 INIT_EXT = 1 << 30
 DIRECT_IO_ALLOW_MMAP = 1 << 36
 PASSTHROUGH = 1 << 37
+OVER_IO_URING = 1 << 41           # flags2 bit 9 (fuse.h FUSE_OVER_IO_URING, 7.42)
 
 # -- other flags -------------------------------------------------------------------------
 FATTR_MODE, FATTR_UID, FATTR_GID, FATTR_SIZE = 1 << 0, 1 << 1, 1 << 2, 1 << 3
