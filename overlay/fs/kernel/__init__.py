@@ -6,4 +6,6 @@
                 cache notifications, unmount
 - ``dispatch``  each request → a call of the same handlers as the libfuse session,
                 with pyfuse3's types
+- ``backing``   passthrough backing ids, one per open inode
+- ``uring``     FUSE over io_uring, the opt-in transport (``REWINDFS_URING=1``)
 """
