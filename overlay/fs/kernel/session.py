@@ -199,18 +199,20 @@ class KernelSession:
         others, runq = trio_internals()
         if others is not None:
             return await self._serve_polled(ended, others, runq)
+        return await self._serve_plain(ended, runq)
+
+    async def _serve_plain(self, ended, runq) -> None:
+        """The loop without trio's epoll fd: read until ``EAGAIN``, then park in
+        ``wait_readable``; a checkpoint when a task is runnable (*runq*) and every
+        ``_FAIR_EVERY`` requests."""
         fd, buf = self.fd, self._buf
         readv, handle = os.readv, self.dispatch.handle
-        poll = _poller(others)
-        idle = _idle_waiter(fd, others)
         countdown = _FAIR_EVERY
         try:
             while True:
                 try:
                     n = readv(fd, [buf])
                 except BlockingIOError:
-                    if not runq and idle():    # the next request came, nothing else
-                        continue
                     countdown = _FAIR_EVERY
                     await trio.lowlevel.wait_readable(fd)
                     continue
@@ -220,7 +222,7 @@ class KernelSession:
                     return
                 handle(n)
                 countdown -= 1
-                if countdown <= 0 or runq or poll():
+                if countdown <= 0 or runq:
                     countdown = _FAIR_EVERY
                     await trio.lowlevel.checkpoint()
         finally:
@@ -291,31 +293,13 @@ class KernelSession:
         FORGET, BATCH_FORGET and INTERRUPT (and everything, if the kernel fell back), so
         no spinning — the trio thread must sleep in its I/O wait, where ``HandOver``
         lends the queue threads the ``serial`` lock."""
-        fd, buf = self.fd, self._buf
-        readv, handle = os.readv, self.dispatch.handle
         handover = uring.HandOver(self.queues.serial)
         trio.lowlevel.add_instrument(handover)
-        countdown = _FAIR_EVERY
-        try:
-            while True:
-                try:
-                    n = readv(fd, [buf])
-                except BlockingIOError:
-                    countdown = _FAIR_EVERY
-                    await trio.lowlevel.wait_readable(fd)
-                    continue
-                except OSError as exc:
-                    if _goes_on(exc):
-                        continue
-                    return
-                handle(n)
-                countdown -= 1
-                if countdown <= 0:
-                    countdown = _FAIR_EVERY
-                    await trio.lowlevel.checkpoint()
-        finally:
+
+        def done() -> None:
             trio.lowlevel.remove_instrument(handover)
             ended()
+        await self._serve_plain(done, None)
 
     async def settle(self) -> None:
         """Over io_uring: wait until every request the kernel handed to a queue before
@@ -478,35 +462,6 @@ def _spin(wait, spin: int):
         os.sched_yield()
         ready = wait(0)
     return ready
-
-
-def _idle_waiter(fd: int, others):
-    """A short blocking wait for the next request without trio's scheduler: ``poll`` on
-    the FUSE fd *and* trio's epoll fd for at most ``_IDLE_MS``.  True: only a request
-    is waiting (read it at once).  False: trio has something to do, or nothing came —
-    then the loop parks in ``wait_readable`` as usual (timers run there).  A client
-    waiting for each reply before its next request (most of them) thus costs no trip
-    round trio per request; the trio thread sleeps in the kernel meanwhile, and any
-    other task's I/O, a worker's result or a signal wakes it at once."""
-    if others is None:
-        return lambda: False
-    p = select.poll()
-    p.register(fd, select.POLLIN)
-    p.register(others, select.POLLIN)
-
-    def wait() -> bool:
-        ready = p.poll(_IDLE_MS)
-        return len(ready) == 1 and ready[0][0] == fd
-    return wait
-
-
-def _poller(fd):
-    """A zero-timeout check whether *fd* (trio's epoll fd) is readable."""
-    if fd is None:
-        return lambda: False
-    p = select.poll()
-    p.register(fd, select.POLLIN)
-    return lambda: bool(p.poll(0))
 
 
 def _goes_on(exc: OSError) -> bool:
