@@ -30,7 +30,8 @@ from pyfuse3 import FUSEError
 from rewindfs.overlay.fs.attrs import StatAttr
 from rewindfs.overlay.fs.kernel import wire
 from rewindfs.overlay.fs.kernel.backing import BackingFiles
-from rewindfs.overlay.fs.kernel.uring import PAYLOAD as _RING_PAYLOAD
+from rewindfs.overlay.fs.kernel.uring import (OP_IN_AT, OP_IN_SIZE, PAYLOAD as _RING_PAYLOAD,
+                                              PAYLOAD_SZ_AT)
 
 log = logging.getLogger(__name__)
 
@@ -206,10 +207,7 @@ class Dispatcher:
             setattr(self, "do_" + name, _direct(self.ops, name))
         self.fd = session.fd
         self.flags = session.flags
-        table = [None] * 64
-        for opcode, name in _ROUTES.items():
-            table[opcode] = getattr(self, name)
-        self.table = table
+        self.table = self._route_table()
         self.no_reply = {wire.FORGET, wire.BATCH_FORGET, wire.INTERRUPT}
         self.no_opendir = bool(session.offered & wire.NO_OPENDIR_SUPPORT)
         self.listings: dict[int, int] = {}     # nodeid → fh, NO_OPENDIR listings
@@ -220,6 +218,13 @@ class Dispatcher:
         if self.times_on:
             self.handle = self._handle_timed
             self._replied = 0
+
+    def _route_table(self) -> list:
+        """Opcode → this dispatcher's bound method (None: ENOSYS)."""
+        table = [None] * 64
+        for opcode, name in _ROUTES.items():
+            table[opcode] = getattr(self, name)
+        return table
 
     def close(self) -> None:
         if self.backing is not None:
@@ -641,10 +646,7 @@ class RingDispatcher(Dispatcher):
         self.__dict__.update(base.__dict__)
         self.__dict__.pop("handle", None)          # the timed variant reads _buf
         self.times_on = False
-        table = [None] * 64
-        for opcode, name in _ROUTES.items():
-            table[opcode] = getattr(self, name)
-        self.table = table
+        self.table = self._route_table()     # bound to this view: its reply and error
         self.mem = None
         self.unique = 0
         self.answered = False
@@ -656,17 +658,17 @@ class RingDispatcher(Dispatcher):
         self.mem, self.room = mem, ent.room
         length, opcode, unique, nodeid, uid, gid, pid, extlen, _ = wire.IN_HEADER.unpack_from(mem)
         self.unique, self.answered = unique, False
-        psz = _PAYLOAD_SZ.unpack_from(mem, 256 + 16)[0]
+        psz = _PAYLOAD_SZ.unpack_from(mem, PAYLOAD_SZ_AT)[0]
         fixed = length - 40 - psz
         fn = self.table[opcode] if opcode < 64 else None
         if opcode < 64:
             self.counts[opcode] += 1
-        if fn is None or not 0 <= fixed <= 128:
+        if fn is None or not 0 <= fixed <= OP_IN_SIZE:
             self.error(unique, errno.ENOSYS if fn is None else errno.EIO)
             return unique
         start = _RING_PAYLOAD - fixed
         if fixed:
-            mem[start:_RING_PAYLOAD] = mem[128:128 + fixed]
+            mem[start:_RING_PAYLOAD] = mem[OP_IN_AT:OP_IN_AT + fixed]
         body = ent.view[start:_RING_PAYLOAD + psz - extlen * 8]
         try:
             fn(unique, nodeid, Ctx(uid, gid, pid), body)
@@ -688,10 +690,10 @@ class RingDispatcher(Dispatcher):
             raise FUSEError(errno.EIO)
         mem[_RING_PAYLOAD:_RING_PAYLOAD + n] = payload
         wire.OUT_HEADER.pack_into(mem, 0, 16 + n, 0, unique)
-        _PAYLOAD_SZ.pack_into(mem, 256 + 16, n)
+        _PAYLOAD_SZ.pack_into(mem, PAYLOAD_SZ_AT, n)
         self.answered = True
 
     def error(self, unique: int, err: int) -> None:
         wire.OUT_HEADER.pack_into(self.mem, 0, 16, -err, unique)
-        _PAYLOAD_SZ.pack_into(self.mem, 256 + 16, 0)
+        _PAYLOAD_SZ.pack_into(self.mem, PAYLOAD_SZ_AT, 0)
         self.answered = True

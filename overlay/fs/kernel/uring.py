@@ -43,8 +43,6 @@ import time
 
 import trio
 
-from rewindfs.overlay.fs.kernel import wire
-
 log = logging.getLogger(__name__)
 
 __all__ = ["HandOver", "Queues", "UringUnavailable", "nr_possible_cpus", "wanted"]
@@ -65,8 +63,8 @@ _SQE_SIZE = 128
 _CQE_SIZE = 16
 
 HEADER_SIZE = 288                  # struct fuse_uring_req_header
-_OP_IN = 128                       # offset of op_in
-_PAYLOAD_SZ = 256 + 16             # ring_ent_in_out.payload_sz
+OP_IN_AT = OP_IN_SIZE = 128        # offset and size of op_in in an entry's header
+PAYLOAD_SZ_AT = 256 + 16           # offset of ring_ent_in_out.payload_sz
 _STAGE = 4096                      # where op_in is copied, just before the payload
 PAYLOAD = _STAGE + 128             # the payload buffer
 _WAKE_S = 0.2                      # how often an idle queue thread looks for a stop
