@@ -175,7 +175,13 @@ def cmd_log(args, out) -> int:
         raise errors.UsageError("--all goes with --tree (the plain log lists every epoch)")
     with open_workspace(args, out) as ws:
         if not args.tree:
-            V.render_log(out, ws.points(args.session), mounted=ws.mounted)
+            points = ws.points(args.session)
+            if args.session and not points:
+                # a session with nothing here is refused (bad-session), as --tree does,
+                # so a typo does not read as an empty history; the protocol's ``points``
+                # stays an answer ([]) for a session whose first turn is still to come
+                ws.history(args.session)
+            V.render_log(out, points, mounted=ws.mounted)
             return 0
         nodes = ws.history(args.session)
     if out.json:      # oldest first: a parent before its children

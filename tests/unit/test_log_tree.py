@@ -334,6 +334,18 @@ def test_cli_tree_with_session_marks_its_nodes(cli):
     assert code == 3 and "--tree" in err
 
 
+def test_plain_log_of_a_session_it_never_saw_is_refused_like_the_tree(cli):
+    """``rewindfs log --session typo`` printed "no history yet" and exited 0, as if the
+    workspace were empty, while ``log --tree --session typo`` said bad-session: a typo
+    in a session name looked like lost history.  Both refuse it now, naming it."""
+    three_turns(cli)
+    code, out, err = cli.run("log", "--session", "nobody")
+    assert code == 3 and "bad-session" in err and "nobody" in err, (code, out, err)
+    assert "no history yet" not in out
+    code, out, err = cli.run("log", "--session", "s1")
+    assert code == 0 and "no history yet" not in out
+
+
 def test_empty_workspace_says_so(cli):
     with Store.open(cli.store_path) as store:
         store.workspace(bytes(cli.root))
