@@ -59,3 +59,9 @@ def test_log_tree_through_the_daemon(tmp_path):
                 call(m.socket, "history", params, timeout=60)
             assert exc.value.code == code, params
         assert len(call(m.socket, "history", {"session": "s1"}, timeout=60)["nodes"]) == len(nodes)
+        # the plain log names a session it never saw, as the tree does (a typo is not
+        # an empty history); the points method still answers [] for it (the dsh plugin
+        # lists "no points yet" for a session whose first turn is to come)
+        res = cli("log", "--session", "nobody", store=store, cwd=ws)
+        assert res.returncode == 3 and "bad-session" in res.stderr, res
+        assert call(m.socket, "points", {"session": "nobody"}, timeout=60)["points"] == []
