@@ -1258,6 +1258,8 @@ class RewindOperations(pyfuse3.Operations):
                 "spins": sess.spin_counts() if hasattr(sess, "spin_counts") else {},
                 # requests served by each FUSE-over-io_uring queue (None: /dev/fuse only)
                 "uring_queues": sess.uring_counts() if hasattr(sess, "uring_counts") else None,
+                # ... and of those, the ones that waited for the trio thread's lock
+                "uring_waits": sess.uring_waits() if hasattr(sess, "uring_waits") else None,
                 "store_syncs": self.store.statistics()["durability"]["syncs"],
                 "open_files": len(self.handles), **self.stats, **self.table.statistics()}
 

@@ -38,6 +38,8 @@ __all__ = ["KernelSession", "SessionEnded"]
 _FAIR_EVERY = 32
 _IDLE_MS = 2          # the longest the loop waits for a request outside trio
 _SPIN_US = 100        # how long the loop polls for the next request before sleeping
+_GATHER_S = 0.02      # beside io_uring: how long forgets gather (_serve_beside_rings)
+_OPCODE = wire.U32_PAIR     # (len, opcode): the first 8 bytes of a request
 _MAX_PAGES = 256
 _MAX_WRITE = _MAX_PAGES * 4096
 _BUFSIZE = _MAX_WRITE + 4096          # the kernel wants room for max_write + headers
@@ -201,25 +203,33 @@ class KernelSession:
             return await self._serve_polled(ended, others, runq)
         return await self._serve_plain(ended, runq)
 
-    async def _serve_plain(self, ended, runq) -> None:
+    async def _serve_plain(self, ended, runq, gather: float = 0.0) -> None:
         """The loop without trio's epoll fd: read until ``EAGAIN``, then park in
         ``wait_readable``; a checkpoint when a task is runnable (*runq*) and every
-        ``_FAIR_EVERY`` requests."""
+        ``_FAIR_EVERY`` requests.  With *gather* (s): once a batch held nothing but
+        FORGET, BATCH_FORGET and INTERRUPT, the next one is read *gather* after
+        ``/dev/fuse`` became readable (``_serve_beside_rings``)."""
         fd, buf = self.fd, self._buf
-        readv, handle = os.readv, self.dispatch.handle
+        readv, handle, no_reply = os.readv, self.dispatch.handle, self.dispatch.no_reply
         countdown = _FAIR_EVERY
+        calm = batch_calm = False       # (with gather) the last batch: no-reply ones only
         try:
             while True:
                 try:
                     n = readv(fd, [buf])
                 except BlockingIOError:
                     countdown = _FAIR_EVERY
+                    calm, batch_calm = batch_calm, True
                     await trio.lowlevel.wait_readable(fd)
+                    if gather and calm:
+                        await trio.sleep(gather)
                     continue
                 except OSError as exc:
                     if _goes_on(exc):
                         continue
                     return
+                if gather and _OPCODE.unpack_from(buf)[1] not in no_reply:
+                    batch_calm = False
                 handle(n)
                 countdown -= 1
                 if countdown <= 0 or runq:
@@ -292,14 +302,21 @@ class KernelSession:
         """The loop while io_uring queues serve the requests: ``/dev/fuse`` brings only
         FORGET, BATCH_FORGET and INTERRUPT (and everything, if the kernel fell back), so
         no spinning — the trio thread must sleep in its I/O wait, where ``HandOver``
-        lends the queue threads the ``serial`` lock."""
+        lends the queue threads the ``serial`` lock.
+
+        Those three are gathered for ``_GATHER_S`` once a batch held nothing else. Why:
+        each woke the trio thread, which took ``serial`` from the queue threads to
+        forget one inode — in an ``rm -rf`` one ring request in nine found the lock
+        held and slept on it (docs/benchmarks.md, ninth pass).  None of them has a
+        deadline (node ids are never reused, so a forget may come late; INTERRUPT needs
+        no action), and a batch with any other request turns the gathering off."""
         handover = uring.HandOver(self.queues.serial)
         trio.lowlevel.add_instrument(handover)
 
         def done() -> None:
             trio.lowlevel.remove_instrument(handover)
             ended()
-        await self._serve_plain(done, None)
+        await self._serve_plain(done, None, gather=_GATHER_S)
 
     async def settle(self) -> None:
         """Over io_uring: wait until every request the kernel handed to a queue before
@@ -311,6 +328,11 @@ class KernelSession:
     def uring_counts(self) -> list[int] | None:
         """Requests served by each io_uring queue, or None when not on io_uring."""
         return self.queues.counts() if self.queues is not None else None
+
+    def uring_waits(self) -> list[int] | None:
+        """Per io_uring queue, the requests that waited for the trio thread to lend the
+        ``serial`` lock; None when not on io_uring."""
+        return self.queues.waits() if self.queues is not None else None
 
     def request_counts(self) -> dict[str, int]:
         """Requests served so far, by opcode name (``wire``'s names, lower case)."""

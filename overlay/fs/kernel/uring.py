@@ -255,6 +255,7 @@ class Queue:
             self.ring.close()
             raise
         self.served = 0
+        self.waits = 0                  # requests that found ``serial`` held
         self.acked = 0                  # the last barrier this queue got past
         self.thread: threading.Thread | None = None
         self.error: int | None = None
@@ -262,7 +263,7 @@ class Queue:
 
 class Queues:
     """Every queue of one connection.  ``prepare`` (before the INIT reply), ``go`` (after
-    it), ``stop`` / ``join`` (at unmount), ``counts()`` for ``status``."""
+    it), ``stop`` / ``join`` (at unmount), ``counts()`` and ``waits()`` for ``status``."""
 
     def __init__(self, fuse_fd: int, payload: int, depth: int = 2):
         self.fuse_fd = fuse_fd
@@ -302,6 +303,9 @@ class Queues:
 
     def counts(self) -> list[int]:
         return [q.served for q in self.queues]
+
+    def waits(self) -> list[int]:
+        return [q.waits for q in self.queues]
 
     def settle(self, timeout: float = 5.0) -> bool:
         """Wait until every request the kernel handed to a queue before this call was
@@ -426,8 +430,13 @@ class Queues:
                         log.warning("io_uring queue %d: entry %d ended: %s", q.qid, index,
                                     os.strerror(-res))
                     return          # the connection ended (or the kernel fell back)
-                with serial:
+                if not serial.acquire(False):
+                    q.waits += 1        # the trio thread holds it (status: uring_waits)
+                    serial.acquire()
+                try:
                     unique = disp.serve(ent)
+                finally:
+                    serial.release()
                 q.served += 1
                 ring.push(ent.command(CMD_COMMIT_AND_FETCH, unique))
                 if i + 1 < len(done):      # more to do: send this reply now
