@@ -13,6 +13,7 @@ import errno
 import json
 import logging
 import os
+import signal
 import subprocess
 import time
 
@@ -304,11 +305,7 @@ def cmd_run(args, out) -> int:
     except AlreadyMounted:
         out.say("already mounted; running inside the existing mount")
     try:
-        try:
-            return subprocess.call(cmd, cwd=cwd)
-        except FileNotFoundError:
-            out.warn(f"command not found: {cmd[0]}")
-            return 127
+        return _run_in_foreground(cmd, cwd, out)
     finally:
         if child is not None:
             # CMD is done: what it left running inside must not keep the daemon alive
@@ -317,6 +314,48 @@ def cmd_run(args, out) -> int:
                 _warn_left_inside(out, os.fsdecode(os.path.realpath(os.fsencode(ws_dir))),
                                   users)
             os.waitpid(child, 0)  # our child: reap it
+
+
+# what ``rewindfs run`` does with a signal while CMD runs: pass it on, or leave it to
+# the terminal, which sends Ctrl-C and Ctrl-\ to CMD as well (one process group)
+_PASSED_ON = (signal.SIGTERM, signal.SIGHUP)
+_LEFT_TO_CMD = (signal.SIGINT, signal.SIGQUIT)
+
+
+def _run_in_foreground(cmd: list[str], cwd: str, out) -> int:
+    """Run CMD and wait for it as a shell waits for a foreground job: its exit status,
+    128 + N when signal N ended it (127: not found, 126: not executable).  Ctrl-C and
+    Ctrl-\ reach CMD from the terminal and this process waits for CMD to finish its own
+    clean-up; SIGTERM and SIGHUP sent to this process alone (a supervisor, a closed
+    terminal) are passed on to CMD.  Why: either way ``run`` must outlive CMD to
+    unmount after it, and must not cut CMD's clean-up short."""
+    def pass_on(signum, _frame):
+        if child is not None:
+            child.send_signal(signum)
+
+    def wait_for_cmd(_signum, _frame):
+        pass
+
+    child = None
+    old = {}
+    for sig in _PASSED_ON + _LEFT_TO_CMD:
+        if signal.getsignal(sig) is not signal.SIG_IGN:   # ignored stays ignored for CMD
+            # a Python handler, unlike SIG_IGN, is not inherited: CMD gets the default
+            old[sig] = signal.signal(sig, pass_on if sig in _PASSED_ON else wait_for_cmd)
+    try:
+        try:
+            child = subprocess.Popen(cmd, cwd=cwd)
+        except FileNotFoundError:
+            out.warn(f"command not found: {cmd[0]}")
+            return 127
+        except PermissionError:
+            out.warn(f"command not executable: {cmd[0]} (permission denied)")
+            return 126
+        status = child.wait()
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+    return 128 - status if status < 0 else status
 
 
 def cmd_turn_begin(args, out) -> int:
@@ -538,7 +577,12 @@ def register(sub) -> None:
     options.common(p)
     p.set_defaults(command="unmount")
 
-    p = sub.add_parser("run", help="mount, run CMD inside, unmount; exit with CMD's code")
+    p = sub.add_parser("run", help="mount, run CMD inside, unmount; exit with CMD's code",
+                       description="Mount the workspace, run CMD inside it as a shell runs "
+                       "a foreground job, unmount.  The exit status is CMD's (128+N when "
+                       "signal N ended it, 127 not found, 126 not executable).  Ctrl-C "
+                       "reaches CMD and run waits for it to finish; SIGTERM and SIGHUP "
+                       "sent to run are passed on to CMD.")
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="CMD",
                    help="the command and its arguments (after --)")
     options.workspace(p)

@@ -130,6 +130,75 @@ def test_run_mounts_runs_inside_and_unmounts(dirs):
         assert s.fsck().ok
 
 
+def test_run_exits_as_a_shell_does_when_its_command_dies_of_a_signal(dirs):
+    """A command killed by SIGTERM made ``rewindfs run`` exit 241 (Python's -15, cut to
+    a byte); a shell, ``env`` or ``time`` say 143 = 128 + 15."""
+    ws, store = dirs
+    die = "import os, signal; os.kill(os.getpid(), signal.SIGTERM)"
+    res = cli("run", "--dir", ws, "--", PYTHON, "-c", die, store=store, cwd=ws)
+    assert res.returncode == 128 + signal.SIGTERM, (res.returncode, res.stderr)
+    assert not is_rewindfs_mount(ws)
+
+
+def test_run_of_a_file_that_is_not_executable_exits_126_without_a_traceback(dirs):
+    ws, store = dirs
+    (ws / "build.sh").write_text("echo hi\n")            # 0644: forgot chmod +x
+    res = cli("run", "--dir", ws, "--", "./build.sh", store=store, cwd=ws)
+    assert res.returncode == 126, (res.returncode, res.stderr)     # as a shell says
+    assert "build.sh" in res.stderr and "PermissionError" not in res.stderr, res.stderr
+    assert not is_rewindfs_mount(ws)
+
+
+_CLEANS_UP_ON_CTRL_C = """
+import pathlib, signal, sys, time
+def stop(*_):
+    time.sleep(0.5)                          # a build tidying up after Ctrl-C
+    pathlib.Path("cleaned").write_text("yes")
+    sys.exit(5)
+signal.signal(signal.SIGINT, stop)
+pathlib.Path("ready").write_text("yes")
+while True:
+    time.sleep(0.05)
+"""
+
+
+@pytest.mark.parametrize("sig,to", [(signal.SIGINT, "group"), (signal.SIGTERM, "run"),
+                                    (signal.SIGHUP, "run")])
+def test_run_lets_its_command_finish_on_ctrl_c_and_passes_on_term_and_hup(dirs, sig, to):
+    """Ctrl-C at a terminal signals the whole foreground group: ``rewindfs run`` raised
+    KeyboardInterrupt and SIGKILLed its command in the middle of that command's own
+    clean-up.  SIGTERM or SIGHUP sent to ``rewindfs run`` alone (a supervisor, a closed
+    terminal) killed it on the spot: no unmount, and the command ran on unwatched.
+    Now ``run`` waits, as a shell does, for the command it passed the signal on to,
+    exits with its status and unmounts."""
+    ws, store = dirs
+    script = _CLEANS_UP_ON_CTRL_C.replace("signal.SIGINT, stop", f"{int(sig)}, stop")
+    proc = subprocess.Popen(
+        [PYTHON, "-m", "rewindfs.overlay.cli", "--store", os.fspath(store), "run", "--dir",
+         os.fspath(ws), "--", PYTHON, "-c", script],
+        cwd=ws, env=dict(os.environ, PYTHONPATH=str(ROOT)), start_new_session=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not (ws / "ready").exists():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.05)
+        if to == "group":
+            os.killpg(proc.pid, sig)
+        else:
+            os.kill(proc.pid, sig)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        if is_rewindfs_mount(ws):
+            cli("unmount", "--lazy", ws, store=store)
+    assert (ws / "cleaned").read_text() == "yes"
+    assert proc.returncode == 5, (proc.returncode, err)
+    assert not is_rewindfs_mount(ws)
+
+
 def test_cli_turns_and_status(dirs):
     ws, store = dirs
     with mounted(ws, store):
