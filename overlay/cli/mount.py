@@ -317,7 +317,7 @@ def cmd_run(args, out) -> int:
 
 
 # what ``rewindfs run`` does with a signal while CMD runs: pass it on, or leave it to
-# the terminal, which sends Ctrl-C and Ctrl-\ to CMD as well (one process group)
+# the terminal, which sends Ctrl-C and Ctrl-backslash to CMD as well (one process group)
 _PASSED_ON = (signal.SIGTERM, signal.SIGHUP)
 _LEFT_TO_CMD = (signal.SIGINT, signal.SIGQUIT)
 
@@ -325,9 +325,9 @@ _LEFT_TO_CMD = (signal.SIGINT, signal.SIGQUIT)
 def _run_in_foreground(cmd: list[str], cwd: str, out) -> int:
     """Run CMD and wait for it as a shell waits for a foreground job: its exit status,
     128 + N when signal N ended it (127: not found, 126: not executable).  Ctrl-C and
-    Ctrl-\ reach CMD from the terminal and this process waits for CMD to finish its own
-    clean-up; SIGTERM and SIGHUP sent to this process alone (a supervisor, a closed
-    terminal) are passed on to CMD.  Why: either way ``run`` must outlive CMD to
+    Ctrl-backslash reach CMD from the terminal and this process waits for CMD to finish
+    its own clean-up; SIGTERM and SIGHUP sent to this process alone (a supervisor, a
+    closed terminal) are passed on to CMD.  Why: either way ``run`` must outlive CMD to
     unmount after it, and must not cut CMD's clean-up short."""
     def pass_on(signum, _frame):
         if child is not None:
