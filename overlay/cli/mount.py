@@ -208,10 +208,6 @@ def cmd_mount(args, out) -> int:
     store = resolve_store_path(args.store)
     real = os.path.realpath(os.fsencode(args.dir))
     cwd = os.path.realpath(os.getcwd().encode())
-    if is_inside(cwd, real):
-        out.warn(f"your working directory is inside {os.fsdecode(real)}: this shell still "
-                 f"sees the bare directory and its writes bypass capture; re-enter it: "
-                 f'cd "$PWD"')
     _say_pending_intent(store, real, out)
     auto = _auto_remote(store, args.auto)   # refused here: nothing mounted
     if args.foreground:
@@ -222,6 +218,7 @@ def cmd_mount(args, out) -> int:
         def ready():
             out.emit("mounted", workspace=os.fsdecode(real), pid=os.getpid(), socket=sock)
             out.say(f"mounted {escape(os.fsdecode(real))} (pid {os.getpid()})")
+            _warn_if_inside(out, cwd, real)
 
         from rewindfs.overlay import daemon
         return daemon.serve_mount(args.dir, store, recover=args.recover, ready=ready,
@@ -231,7 +228,16 @@ def cmd_mount(args, out) -> int:
     out.emit("mounted", workspace=os.fsdecode(real),
              socket=os.fsdecode(control_socket_path(store, real)))
     out.say(f"mounted {escape(os.fsdecode(real))}")
+    _warn_if_inside(out, cwd, real)
     return 0
+
+
+def _warn_if_inside(out, cwd: bytes, real: bytes) -> None:
+    """Once mounted (not before: a refused mount gives the shell nothing to re-enter)."""
+    if is_inside(cwd, real):
+        out.warn(f"your working directory is inside {os.fsdecode(real)}: this shell still "
+                 f"sees the bare directory and its writes bypass capture; re-enter it: "
+                 f'cd "$PWD"')
 
 
 def _auto_remote(store_path, name) -> str | None:

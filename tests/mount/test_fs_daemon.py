@@ -225,6 +225,17 @@ def test_mount_warns_when_cwd_is_inside(dirs):
         assert cli("unmount", ws, store=store).returncode == 0
 
 
+def test_a_refused_mount_does_not_tell_the_shell_inside_to_re_enter(dirs):
+    """A mount refused (here: a directory with a mounted workspace inside it) still told
+    the shell standing in it to ``cd "$PWD"`` to see a mount that never came."""
+    ws, store = dirs
+    with mounted(ws / "inner", store):
+        res = cli("mount", ws, store=store, cwd=ws)
+        assert res.returncode == 2 and "refused-workspace" in res.stderr, res.stderr
+        assert 'cd "$PWD"' not in res.stderr, res.stderr
+        assert not is_rewindfs_mount(ws)
+
+
 @contextmanager
 def _foreground_daemon(ws, store):
     """``rewindfs mount --foreground`` as a child process; whatever the test did, the
