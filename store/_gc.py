@@ -75,17 +75,56 @@ class GcReport:
         return dict(self.__dict__)
 
 
+@dataclass
+class GcPlan(GcReport):
+    """What ``collect(dry_run=True)`` would do, in ``GcReport``'s counts, plus the
+    epochs it would drop (``Epoch``s, oldest first).  ``files_removed`` counts the blob
+    files of the blobs it would remove; orphan and temp files are left out (they
+    depend on what runs when the real gc does)."""
+    epochs: tuple = ()
+    workspaces: dict = None     # workspace id → its real path (bytes)
+
+    def to_dict(self) -> dict:
+        paths = self.workspaces or {}
+        return {**{k: v for k, v in super().to_dict().items()
+                   if k not in ("epochs", "workspaces")}, "dry_run": True,
+                "epochs": [e.as_point() | {"workspace": os.fsdecode(paths.get(e.workspace, b""))}
+                           for e in self.epochs]}
+
+
 def collect(store, *, grace_s, keep_epochs, max_age_s, max_bytes,
-            drop_redo: bool = False) -> GcReport:
+            drop_redo: bool = False, dry_run: bool = False) -> GcReport:
+    """Retention, then blobs by reachability; with ``dry_run`` the same choices made
+    in one read transaction, nothing changed (``GcPlan``)."""
     check_policy(grace_s=grace_s, keep_epochs=keep_epochs, max_age_s=max_age_s,
                  max_bytes=max_bytes)
-    report = GcReport()
-    if keep_epochs is not None or max_age_s is not None or max_bytes is not None:
-        _retain(store, report, keep_epochs, max_age_s, max_bytes, drop_redo)
+    retaining = keep_epochs is not None or max_age_s is not None or max_bytes is not None
     cutoff = time.time_ns() - int(grace_s * 1e9)
+    if dry_run:
+        return _plan(store, (keep_epochs, max_age_s, max_bytes, drop_redo) if retaining
+                     else None, cutoff)
+    report = GcReport()
+    if retaining:
+        _retain(store, report, keep_epochs, max_age_s, max_bytes, drop_redo)
     doomed_files = _drop_unreferenced(store, report, cutoff)
     _unlink_files(store, report, doomed_files, cutoff)
     return report
+
+
+def _plan(store, retention, cutoff) -> GcPlan:
+    db = store._db
+    with store._r() as txn:
+        doomed = _doomed(txn, db, *retention) if retention else []
+        gone = {e.id for e in doomed}
+        refs = referenced_blobs(txn, db, skip_epochs=gone)
+        plan = GcPlan(epochs_dropped=len(doomed), entries_dropped=sum(e.paths for e in doomed),
+                      epochs=tuple(sorted(doomed, key=lambda e: e.id)),
+                      workspaces=dict(S.workspace_paths(txn, db)))
+        for _key, size, where in _unreferenced(txn, db, refs, cutoff):
+            plan.blobs_removed += 1
+            plan.bytes_freed += size
+            plan.files_removed += where == S.FILE
+    return plan
 
 
 # -- retention -------------------------------------------------------------------------
@@ -105,28 +144,33 @@ def _pending_redos(epochs) -> list[_epoch.Epoch]:
 
 
 def _retain(store, report, keep_epochs, max_age_s, max_bytes, drop_redo) -> None:
-    db, now = store._db, time.time_ns()
     with store._w() as txn:
-        ws_ids = [S.read_u32(k) for k in txn.cursor(db=db["ws_paths"]).iternext(values=False)
-                  if len(k) == 4]    # another key is damage, named by fsck
-        totals = {ws: _epoch.all_of(txn, db, ws) for ws in ws_ids}
-        per_ws = {ws: _droppable(epochs, drop_redo) for ws, epochs in totals.items()}
-        doomed: list[_epoch.Epoch] = []
-        for ws, cands in per_ws.items():
-            total = len(totals[ws])
-            n = 0
-            if keep_epochs is not None:
-                n = max(n, min(len(cands), max(0, total - keep_epochs)))
-            if max_age_s is not None:
-                old = now - int(max_age_s * 1e9)
-                n = max(n, next((i for i, c in enumerate(cands) if c.ended_ns >= old),
-                                len(cands)))
-            doomed += cands[:n]
-            per_ws[ws] = cands[n:]
-        if max_bytes is not None:
-            doomed += _over_budget(txn, db, per_ws, doomed, max_bytes)
-        for e in doomed:
-            _drop_epoch(txn, db, e, report)
+        for e in _doomed(txn, store._db, keep_epochs, max_age_s, max_bytes, drop_redo):
+            _drop_epoch(txn, store._db, e, report)
+
+
+def _doomed(txn, db, keep_epochs, max_age_s, max_bytes, drop_redo) -> list[_epoch.Epoch]:
+    """The epochs retention drops (each workspace's an oldest-first prefix)."""
+    now = time.time_ns()
+    ws_ids = [S.read_u32(k) for k in txn.cursor(db=db["ws_paths"]).iternext(values=False)
+              if len(k) == 4]    # another key is damage, named by fsck
+    totals = {ws: _epoch.all_of(txn, db, ws) for ws in ws_ids}
+    per_ws = {ws: _droppable(epochs, drop_redo) for ws, epochs in totals.items()}
+    doomed: list[_epoch.Epoch] = []
+    for ws, cands in per_ws.items():
+        total = len(totals[ws])
+        n = 0
+        if keep_epochs is not None:
+            n = max(n, min(len(cands), max(0, total - keep_epochs)))
+        if max_age_s is not None:
+            old = now - int(max_age_s * 1e9)
+            n = max(n, next((i for i, c in enumerate(cands) if c.ended_ns >= old),
+                            len(cands)))
+        doomed += cands[:n]
+        per_ws[ws] = cands[n:]
+    if max_bytes is not None:
+        doomed += _over_budget(txn, db, per_ws, doomed, max_bytes)
+    return doomed
 
 
 def _over_budget(txn, db, per_ws, doomed, max_bytes) -> list[_epoch.Epoch]:
@@ -158,10 +202,13 @@ def _drop_epoch(txn, db, e: _epoch.Epoch, report: GcReport) -> None:
 
 
 # -- reachability ------------------------------------------------------------------------
-def referenced_blobs(txn, db) -> dict[bytes, list[bytes]]:
-    """Blob key → paths of journal entries referencing it."""
+def referenced_blobs(txn, db, skip_epochs=frozenset()) -> dict[bytes, list[bytes]]:
+    """Blob key → paths of journal entries referencing it (those of *skip_epochs* left
+    out: what would reference it once they are dropped)."""
     refs: dict[bytes, list[bytes]] = {}
     for key, raw in txn.cursor(db=db["journal"]):
+        if skip_epochs and _journal.key_epoch(key) in skip_epochs:
+            continue
         path, img = _journal.decode_value(key, raw)
         blob = getattr(img, "blob", None)   # a damaged entry names no blob we can trust
         if blob is not None:
@@ -169,12 +216,21 @@ def referenced_blobs(txn, db) -> dict[bytes, list[bytes]]:
     return refs
 
 
+def _unreferenced(txn, db, refs, cutoff):
+    """Yield ``(key, size, where)`` of each blob no entry of *refs* names, last put
+    before *cutoff* (a damaged entry is left for fsck to name)."""
+    for k, raw in txn.cursor(db=db["blobs"]):
+        key = bytes(k)
+        if key not in refs and _touched_before(key, raw, cutoff):
+            size, where, _touched, _ = decode_entry(key, raw)
+            yield key, size, where
+
+
 def _drop_unreferenced(store, report, cutoff) -> list[bytes]:
     db = store._db
     with store._r() as txn:
         refs = referenced_blobs(txn, db)
-        cands = [bytes(k) for k, raw in txn.cursor(db=db["blobs"])
-                 if bytes(k) not in refs and _touched_before(k, raw, cutoff)]
+        cands = [key for key, _size, _where in _unreferenced(txn, db, refs, cutoff)]
     files = []
     with store._w() as txn:
         for key in cands:

@@ -561,13 +561,15 @@ class Store:
 
     # -- maintenance --------------------------------------------------------------------
     def gc(self, *, grace_s: float = 3600, keep_epochs=None, max_age_s=None, max_bytes=None,
-           drop_redo: bool = False):
+           drop_redo: bool = False, dry_run: bool = False):
         """Retention (oldest epochs first) then unreferenced blobs; see ``_gc``.
-        ``drop_redo`` lets retention drop what pending redos need."""
+        ``drop_redo`` lets retention drop what pending redos need; ``dry_run`` changes
+        nothing and returns what would go (``GcPlan``)."""
         from ._gc import collect
         self._check_usable()
         return collect(self, grace_s=grace_s, keep_epochs=keep_epochs,
-                       max_age_s=max_age_s, max_bytes=max_bytes, drop_redo=drop_redo)
+                       max_age_s=max_age_s, max_bytes=max_bytes, drop_redo=drop_redo,
+                       dry_run=dry_run)
 
     def usage(self, ws=None) -> dict:
         """Store usage: on disk, and per workspace and session (see ``_usage``)."""

@@ -347,6 +347,18 @@ def render_diff(out, res: dict, content) -> None:
 
 def render_gc(out, report: dict) -> None:
     out.emit("gc", **report)
-    out.say(", ".join(f"{k.replace('_', ' ')}: {human_bytes(v) if k.startswith('bytes') else v}"
-                      for k, v in report.items()))
+    if not report.get("dry_run"):
+        out.say(", ".join(f"{k.replace('_', ' ')}: "
+                          f"{human_bytes(v) if k.startswith('bytes') else v}"
+                          for k, v in report.items()))
+        return
+    epochs = report["epochs"]
+    out.say(f"gc --dry-run: would drop {len(epochs)} epoch(s) ({report['entries_dropped']} "
+            f"pre-image entries) and remove {report['blobs_removed']} blob(s), "
+            f"{human_bytes(report['bytes_freed'])}; nothing changed")
+    for e in epochs:
+        what = e["kind"] + (f" t{e['turn']} of {escape(e['session'])}"
+                            if e["kind"] == "turn" and e.get("session") else "")
+        label = f' "{escape(e["label"])}"' if e.get("label") else ""
+        out.say(f"  e{e['epoch']}  {what}{label}  in {escape(e['workspace'])}")
 

@@ -444,11 +444,10 @@ def cmd_gc(args, out) -> int:
     if args.remote_gc:      # the remote's gc: reachability there, not local retention
         from rewindfs.overlay.cli.remote import gc_remote_cmd
         return gc_remote_cmd(args, out)
-    if args.dry_run:
-        raise errors.UsageError("--dry-run is for gc --remote NAME (a local gc is "
-                                "undone by nothing: see `rewindfs gc --help`)")
     grace = 3600.0 if args.grace is None else V.parse_duration(args.grace)
     params = {"grace_s": grace, "drop_redo": args.drop_redo}
+    if args.dry_run:    # a local gc is undone by nothing: look first
+        params["dry_run"] = True
     if args.keep_epochs is not None:
         params["keep_epochs"] = args.keep_epochs
     if args.max_age is not None:
@@ -456,7 +455,9 @@ def cmd_gc(args, out) -> int:
     if args.max_bytes is not None:
         params["max_bytes"] = V.parse_size(args.max_bytes)
     store_path = resolve_store_path(args.store)
-    live = _live_daemon(os.fsencode(_start(args)), store_path)
+    # A dry run reads the store here, never through a daemon: one started by an older
+    # rewindfs ignores a parameter it does not know and would collect for real.
+    live = None if args.dry_run else _live_daemon(os.fsencode(_start(args)), store_path)
     if live is not None:
         report = client.call(live[1], "gc", params)
     else:   # gc is store-wide: no workspace needed
@@ -538,10 +539,11 @@ def register(sub) -> None:
                    help="gc that remote instead: delete the objects no pushed segment "
                    "names, once older than --grace (docs/remote.md)")
     p.add_argument("--grace", metavar="DUR", default=None,
-                   help="keep unreferenced objects younger than DUR (--remote: default "
+                   help="keep unreferenced blobs younger than DUR (default 1h; --remote: "
                    "24h, so a push in progress elsewhere is never cut short)")
     p.add_argument("--dry-run", action="store_true",
-                   help="with --remote: list what would be deleted, delete nothing")
+                   help="list the epochs that would be dropped and what would be "
+                   "freed, change nothing (a gc is undone by nothing)")
     options.workspace(p)
     p.set_defaults(command="gc", dir=None)
 

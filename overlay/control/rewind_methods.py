@@ -225,6 +225,7 @@ def gc_sync(ctx: RewindHost, params: dict, send) -> dict:
             raise BadParams(method="gc", reason=f"{name!r} {reason}")
         policy[name] = value
     policy["drop_redo"] = flag(params, "drop_redo", "gc")
+    policy["dry_run"] = flag(params, "dry_run", "gc")
     return ctx.store.gc(**policy).to_dict()
 
 

@@ -66,6 +66,57 @@ def test_keep_epochs(hist):
     assert content(h) == want
 
 
+def test_gc_dry_run_names_what_gc_then_drops_and_changes_nothing(hist):
+    """A local gc is undone by nothing, and ``gc --dry-run`` was refused for it (only
+    ``--remote`` had one): there was no way to look first.  The dry run lists the epochs
+    the same policy then drops — exactly those — and the blobs it frees, and leaves the
+    store as it was (``fsck`` sound, every point still there)."""
+    h, store = hist, hist.store
+    turns(h, 6)
+    before = [e.id for e in store.epochs(h.ws)]
+    blobs = store.statistics()["entries"]["blobs"]
+    res = cli("--json", "gc", "--keep-epochs", "5", "--grace", "0s", "--dry-run",
+              "-C", h.root, store=store.path)
+    assert res.returncode == 0, res.stderr
+    (plan,) = [r for r in _jsonl(res.stdout) if r["type"] == "gc"]
+    assert plan["dry_run"] is True and plan["epochs_dropped"] == len(before) - 5
+    would = [e["epoch"] for e in plan["epochs"]]
+    assert would == before[:len(before) - 5]                # the oldest, in order
+    assert all(e["workspace"] == os.fsdecode(os.path.realpath(h.root)) for e in plan["epochs"])
+    assert [e.id for e in store.epochs(h.ws)] == before     # nothing dropped
+    assert store.statistics()["entries"]["blobs"] == blobs
+    assert_sound(store)
+    human = cli("gc", "--keep-epochs", "5", "--grace", "0s", "--dry-run", "-C", h.root,
+                store=store.path)
+    assert "nothing changed" in human.stdout and f"e{would[0]}" in human.stdout, human.stdout
+    res = cli("--json", "gc", "--keep-epochs", "5", "--grace", "0s", "-C", h.root,
+              store=store.path)
+    (done,) = [r for r in _jsonl(res.stdout) if r["type"] == "gc"]
+    assert [e.id for e in store.epochs(h.ws)] == before[len(before) - 5:]
+    for key in ("epochs_dropped", "entries_dropped", "blobs_removed", "bytes_freed"):
+        assert done[key] == plan[key], (key, plan, done)
+    assert done["blobs_removed"] > 0
+
+
+def test_gc_dry_run_on_a_mounted_workspace_changes_nothing(tmp_path):
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    with mounted(ws, tmp_path / "store") as m:
+        for t in (1, 2, 3):
+            m.call("turn.begin", session="s1", turn=t, label=f"t{t}")
+            (ws / "f").write_bytes(os.urandom(KB10))
+            m.call("turn.end")
+        before = cli("--json", "log", "-C", ws, store=m.store).stdout
+        res = cli("--json", "gc", "--keep-epochs", "1", "--grace", "0s", "--dry-run",
+                  "-C", ws, store=m.store)
+        assert res.returncode == 0, res.stderr
+        (plan,) = [r for r in _jsonl(res.stdout) if r["type"] == "gc"]
+        assert plan["dry_run"] is True and plan["epochs_dropped"] >= 5, plan
+        assert cli("--json", "log", "-C", ws, store=m.store).stdout == before
+        res = cli("rewind", "t1", "--session", "s1", "-C", ws, store=m.store)
+        assert res.returncode == 0, res.stderr                  # t1 is still a point
+
+
 def _age(store, ws, epoch_ids, by_ns: int) -> None:
     """Make some epochs look old (their start and end moved back by ``by_ns``)."""
     with store._w() as txn:
