@@ -383,17 +383,48 @@ async def test_gc(d):
     assert len(d.store.epochs(d.ws)) == 1
 
 
+def test_the_protocol_table_in_the_docs_names_what_each_method_takes():
+    """docs/architecture.md's methods table is what a client author reads: each row
+    names exactly the parameters ``methods.PARAMS`` accepts (``push`` is documented in
+    docs/remote.md)."""
+    import pathlib
+    import re
+    text = (pathlib.Path(__file__).resolve().parents[2] / "docs" / "architecture.md").read_text()
+    rows = {m.group(1): m.group(2) for m in re.finditer(r"^\| `([a-z.]+)` \| (.*?) \|", text, re.M)}
+    for method, takes in methods.PARAMS.items():
+        if method == "push":
+            continue
+        assert method in rows, method
+        named = set(re.findall(r"\b([a-z_]+)\??(?=[:,` ]|$)", rows[method])) & {
+            n for names in methods.PARAMS.values() for n in names}
+        assert named == set(takes), (method, named, takes)
+
+
 async def test_unmount_is_only_requested(d):
     assert await d.call("unmount") == {}
     assert d.ctx.unmount_pending is True and not d.ctx.shutdown.is_set()
 
 
-async def test_extra_params_are_ignored(d):
-    """v1 ignores parameters it does not know (a newer client's optional extras)."""
-    st = await d.call("status", no_such_option=1)
-    assert st["mounted"] is True
-    began = await d.call("turn.begin", session="s", turn=1, label="x", colour="blue")
-    assert d.fs.epoch_id == began["epoch"]
+async def test_a_parameter_the_method_does_not_take_is_refused_before_it_runs(d):
+    """Parameters a method did not know were ignored: ``rewind`` with ``dryRun`` (a
+    JavaScript spelling) rewound for real, and so did ``gc`` with ``dry_run`` sent by a
+    newer CLI to an older daemon — a safety flag lost on the way became a change
+    nobody asked for.  Now the request is refused, naming the parameter and what the
+    method takes, and nothing changes."""
+    await d.put("f", b"v1")
+    t1 = (await d.call("turn.begin", session="s", turn=1, label="one"))["epoch"]
+    await d.put("f", b"v2")
+    await d.call("turn.end", session="s")
+    err = await d.refused("rewind", "bad-params", to=f"e{t1}", dryRun=True)
+    assert "'dryRun'" in err["message"] and "dry_run" in err["message"], err
+    await d.refused("gc", "bad-params", keep_epoch=0, grace_s=0)
+    await d.refused("turn.begin", "bad-params", session="s", turn=2, label="x",
+                    colour="blue")
+    await d.refused("status", "bad-params", no_such_option=1)
+    assert tree(d.root) == {"f": b"v2"}
+    for method in methods.TABLE:            # every method says what it takes
+        assert method in methods.PARAMS, method
+    assert set(methods.PARAMS) == set(methods.TABLE)
 
 
 # -- refusals: exact codes, nothing changed ------------------------------------------
@@ -604,8 +635,9 @@ async def test_a_handler_bug_is_an_internal_error_and_the_next_request_works(d, 
     async def out_of_fds(ctx, params, emit):
         raise OSError(errno.EMFILE, "Too many open files")
 
-    monkeypatch.setitem(methods.TABLE, "test.broken", broken)
-    monkeypatch.setitem(methods.TABLE, "test.emfile", out_of_fds)
+    for name, fn in (("test.broken", broken), ("test.emfile", out_of_fds)):
+        monkeypatch.setitem(methods.TABLE, name, fn)
+        monkeypatch.setitem(methods.PARAMS, name, frozenset())
     (reply,) = await d.lines(b'{"v":1,"id":3,"method":"test.broken"}')
     assert reply["id"] == 3 and reply["error"]["code"] == "internal"
     assert "ZeroDivisionError" in reply["error"]["message"]
