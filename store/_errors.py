@@ -205,6 +205,12 @@ class RemoteUnreachable(RemoteError):
     code = "remote-unreachable"
 
 
+class RemoteNoCredentials(RemoteError):
+    """Remote {remote}: no AWS credentials were found. rewindfs takes them from the AWS chain, never from its own config: AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, AWS_PROFILE, or ~/.aws/credentials (docs/remote.md)."""
+
+    code = "remote-no-credentials"
+
+
 class RemoteObjectMissing(RemoteError):
     """Object {key} is missing on the remote."""
 

@@ -51,6 +51,7 @@ def _default_remote(store, name: str | None) -> str:
 
 def cmd_remote_add(args, out) -> int:
     remote_lib.parse_url(args.url)
+    remote_lib.check_endpoint(args.endpoint)
     config = remote_lib.RemoteConfig(args.name, args.url, args.endpoint, args.region)
     conditional = remote_lib.probe_conditional(remote_lib.open_backend(config))
     with store_lib.Store.open(resolve_store_path(args.store)) as store:

@@ -20,8 +20,8 @@ from rewindfs.store._lazy import lazy_names
 # Loaded on first use (PEP 562): the CLI imports this package with every remote command
 # module, and only the commands that talk to a remote load boto3.
 _PUBLIC = {
-    **dict.fromkeys(["DirBackend", "RemoteConfig", "S3Backend", "open_backend", "parse_url",
-                     "probe_conditional"], "_backend"),
+    **dict.fromkeys(["DirBackend", "RemoteConfig", "S3Backend", "check_endpoint",
+                     "open_backend", "parse_url", "probe_conditional"], "_backend"),
     **dict.fromkeys(["RemoteCheck", "check_remote"], "_check"),
     **dict.fromkeys(["DEFAULT_GRACE_S", "GcLock", "RemoteGcReport", "gc_remote"], "_gc"),
     **dict.fromkeys(["BlobProblem", "fetch_blobs", "wanted_blobs"], "_fetch"),

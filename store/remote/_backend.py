@@ -27,9 +27,11 @@ import logging
 import os
 import re
 import secrets
+import urllib.parse
 from dataclasses import dataclass
 
-from .._errors import BadRemoteUrl, RemoteObjectMissing, RemoteUnreachable
+from .._errors import (BadRemoteUrl, RemoteNoCredentials, RemoteObjectMissing,
+                       RemoteUnreachable)
 
 log = logging.getLogger(__name__)
 
@@ -64,12 +66,28 @@ def parse_url(url: str) -> tuple[str, str]:
     """``s3://BUCKET/PREFIX`` → (bucket, prefix without slashes at either end)."""
     m = _URL.fullmatch(url or "")
     if m is None:
+        bucket = (url or "").removeprefix("s3://").split("/", 1)[0]
+        if (url or "").startswith("s3://") and bucket:
+            raise BadRemoteUrl(url=url, reason=f"S3 takes no bucket named {bucket!r}: a "
+                               "bucket name is 3 to 63 characters, lower-case letters, "
+                               "digits, dots and hyphens, with a letter or digit at each end")
         raise BadRemoteUrl(url=url, reason="expected s3://BUCKET or s3://BUCKET/PREFIX")
     raw = m.group(2) or ""
     prefix = raw.strip("/")
     if raw.startswith("/") or "//" in raw or any(p in (".", "..") for p in prefix.split("/")):
         raise BadRemoteUrl(url=url, reason="the prefix has an empty, '.' or '..' part")
     return m.group(1), prefix
+
+
+def check_endpoint(endpoint: str | None) -> None:
+    """``BadRemoteUrl`` unless *endpoint* is None or ``http(s)://HOST[:PORT][/…]`` —
+    before anything is made of it (botocore's own refusal reads as our failure)."""
+    if endpoint is None:
+        return
+    parts = urllib.parse.urlsplit(endpoint)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise BadRemoteUrl(url=endpoint, reason="an endpoint is an http:// or https:// URL "
+                                                "with a host, e.g. http://127.0.0.1:9000")
 
 
 class S3Backend:
@@ -110,7 +128,15 @@ class S3Backend:
                 raise _Exists() from None
             raise RemoteUnreachable(remote=self.config.name, reason=f"{what} {key}: {code or status}: {exc}") from None
         except (BotoCoreError, OSError) as exc:
-            raise RemoteUnreachable(remote=self.config.name, reason=f"{what} {key}: {exc}") from None
+            raise self._failed(what, key, exc) from None
+
+    def _failed(self, what: str, key: str, exc: Exception):
+        """The error for a request that got no answer: no credentials (trying again
+        cannot help: say where they come from), else unreachable."""
+        from botocore.exceptions import NoCredentialsError
+        if isinstance(exc, NoCredentialsError):
+            return RemoteNoCredentials(remote=self.config.name)
+        return RemoteUnreachable(remote=self.config.name, reason=f"{what} {key}: {exc}")
 
     def put(self, key: str, data: bytes) -> None:
         self._call("put", key, self._client.put_object, Key=self._key(key), Body=data)
@@ -152,7 +178,7 @@ class S3Backend:
                 raise RemoteObjectMissing(key=key) from None
             raise RemoteUnreachable(remote=self.config.name, reason=f"{what} {key}: {exc}") from None
         except (Boto3Error, BotoCoreError, OSError) as exc:
-            raise RemoteUnreachable(remote=self.config.name, reason=f"{what} {key}: {exc}") from None
+            raise self._failed(what, key, exc) from None
 
     def head(self, key: str) -> int | None:
         try:

@@ -10,7 +10,7 @@ import json
 import time
 
 import pytest
-from remotekit import s3  # noqa: F401  (the fixture)
+from remotekit import cli, s3  # noqa: F401  (s3: the fixture)
 
 from rewindfs.store._errors import BadRemoteUrl, LeaseHeld
 from rewindfs.store.remote import (DirBackend, Lease, RemoteConfig, open_backend, parse_url,
@@ -88,6 +88,54 @@ def test_renew_pushes_the_expiry_out(tmp_path):
 def test_bad_urls_are_refused(url):
     with pytest.raises(BadRemoteUrl):
         parse_url(url)
+
+
+@pytest.mark.parametrize("url, says", [
+    ("s3://b/p", "'b'"), ("s3://ab", "'ab'"), ("s3://Bad_Bucket/p", "'Bad_Bucket'"),
+    ("s3://" + "x" * 64, "3 to 63")])
+def test_a_bucket_name_s3_refuses_is_named_as_the_problem(url, says):
+    """``s3://b/p`` was refused with "expected s3://BUCKET or s3://BUCKET/PREFIX" — the
+    very form the person wrote: the bucket name is what S3 does not take, so say so."""
+    with pytest.raises(BadRemoteUrl) as exc:
+        parse_url(url)
+    assert says in str(exc.value) and "bucket" in str(exc.value), str(exc.value)
+    assert "expected s3://BUCKET" not in str(exc.value)
+
+
+@pytest.mark.parametrize("endpoint", ["notaurl", "ftp://host", "http://", "localhost:9000"])
+def test_an_endpoint_that_is_not_an_http_url_is_a_usage_error(tmp_path, capsys, endpoint):
+    """``remote add --endpoint notaurl`` ended in "could not run: ValueError: Invalid
+    endpoint" (botocore's words, exit 2); it is the person's input: a usage error that
+    names it, and no remote is added."""
+    store = tmp_path / "store"
+    code, recs = cli(capsys, "--store", store, "remote", "add", "o", "s3://bkt/p",
+                     "--endpoint", endpoint)
+    (err,) = [r for r in recs if r["type"] == "error"]
+    assert code == 3 and err["code"] == "bad-remote-url", recs
+    assert endpoint in err["message"] and "http" in err["message"], err
+    code, recs = cli(capsys, "--store", store, "remote", "list")
+    assert code == 0 and not [r for r in recs if r["type"] == "remote"], recs
+
+
+def test_no_credentials_is_named_with_where_they_come_from(tmp_path, capsys, monkeypatch):
+    """With no AWS credentials anywhere, ``remote add`` said "could not be reached or
+    refused the request: delete probe/…: Unable to locate credentials; run the command
+    again to resume" — running it again changes nothing.  Say what is missing and where
+    rewindfs looks for it; no remote is added."""
+    for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
+                "AWS_PROFILE", "AWS_DEFAULT_PROFILE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    store = tmp_path / "store"
+    code, recs = cli(capsys, "--store", store, "remote", "add", "o", "s3://bkt/p",
+                     "--endpoint", "http://127.0.0.1:9")
+    (err,) = [r for r in recs if r["type"] == "error"]
+    assert code == 2 and err["code"] == "remote-no-credentials", recs
+    assert "AWS_ACCESS_KEY_ID" in err["message"] and "again" not in err["message"], err
+    code, recs = cli(capsys, "--store", store, "remote", "list")
+    assert code == 0 and not [r for r in recs if r["type"] == "remote"], recs
 
 
 def test_good_urls_parse():
