@@ -41,6 +41,12 @@ class StaleMount(RewindfsError):
     code = "stale-mount"
 
 
+class OtherStoreMount(RewindfsError):
+    """{path} is served by a live rewindfs daemon, but not for the store {store}: it serves another store (name that one with --store or $REWINDFS_HOME), or its control socket was removed."""
+
+    code = "other-store-mount"
+
+
 class NotMounted(RewindfsError):
     """{path} is not served by a rewindfs daemon."""
 

@@ -30,7 +30,7 @@ DEAD_MOUNT = (errno.ENOTCONN, errno.ECONNABORTED)
 
 __all__ = ["DEAD_MOUNT", "check_socket_owner", "control_socket_path", "default_store_path", "find_socket", "ensure_runtime_dir", "open_log", "resolve_store_path", "check_workspace", "check_place", "is_inside",
            "mount_table", "enclosing_rewindfs_mount", "check_mount_owner",
-           "mount_users", "rewindfs_mount_at"]
+           "mount_answers", "mount_users", "rewindfs_mount_at"]
 
 
 def _fs(path) -> bytes:
@@ -298,6 +298,18 @@ def rewindfs_mount_at(real_path: bytes) -> MountEntry | None:
 def find_rewindfs_mount(real_path: bytes) -> bool:
     """True if /proc/self/mountinfo lists a ``fuse.rewindfs`` mount at *real_path*."""
     return rewindfs_mount_at(real_path) is not None
+
+
+def mount_answers(path: bytes) -> bool:
+    """Whether the daemon of the mount at *path* answers (a ``statfs`` always reaches
+    it); False when it died (``DEAD_MOUNT``)."""
+    try:
+        os.statvfs(path)
+    except OSError as exc:
+        if exc.errno in DEAD_MOUNT:
+            return False
+        raise
+    return True
 
 
 def enclosing_rewindfs_mount(real_path: bytes) -> MountEntry | None:

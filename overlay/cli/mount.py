@@ -26,11 +26,11 @@ from rewindfs.overlay.cli.render import INTENT_FINISHING, INTENT_PENDING, escape
 from rewindfs.overlay.places import (DEAD_MOUNT, check_mount_owner, check_place, check_workspace,
                                      control_socket_path, enclosing_rewindfs_mount,
                                      find_rewindfs_mount, find_socket, lazy_unmount,
-                                     ensure_runtime_dir, is_inside, mount_users, open_log,
-                                     resolve_store_path, rewindfs_mount_at)
+                                     ensure_runtime_dir, is_inside, mount_answers, mount_users,
+                                     open_log, resolve_store_path, rewindfs_mount_at)
 from rewindfs.overlay.errors import (AlreadyMounted, Interrupted, MountBusy, MountFailed,
-                                     NotMounted, RemoteUnnamed, SentThenInterrupted,
-                                     StaleMount, UsageError)
+                                     NotMounted, OtherStoreMount, RemoteUnnamed,
+                                     SentThenInterrupted, StaleMount, UsageError)
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +51,9 @@ def find_daemon(start, store_path) -> tuple[bytes, bytes]:
         mnt = enclosing_rewindfs_mount(real)
         if mnt is not None:
             check_mount_owner(mnt)   # another uid's daemon: say so, not "not mounted"
+            if mount_answers(mnt.point):   # a live daemon, not ours: never "dead"
+                raise OtherStoreMount(path=os.fsdecode(mnt.point), store=os.fsdecode(
+                    os.fsencode(store_path)))
         raise NotMounted(path=os.fsdecode(real))
     sock, path = found
     return path, sock

@@ -235,3 +235,28 @@ def test_another_uid_gets_one_message_for_status_mount_unmount(tmp_path, shared_
         # and nothing happened to root's mount
         assert is_rewindfs_mount(m.ws)
         assert m.call("status")["mounted"]
+
+
+def test_a_live_mount_of_another_store_is_named_so_not_called_dead(tmp_path):
+    """With another store (``--store``, ``$REWINDFS_HOME``) than the daemon's, a live
+    mount was "a stale mount left by a dead daemon … run `rewindfs mount --recover`"
+    (from a store that knows the workspace) or "not served by a rewindfs daemon" (from
+    one that does not): both false, and the first sends the person to recover a mount
+    that works.  Each command now says the mount is live and which way to look."""
+    ws = tmp_path / "ws"
+    with mounted(ws, tmp_path / "store") as m:
+        m.call("turn.begin", session="s", turn=1, label="x")
+        (ws / "f").write_text("1\n")
+        m.call("turn.end", session="s")
+        knows = tmp_path / "copy"                  # a store that knows the workspace
+        shutil.copytree(tmp_path / "store", knows)
+        empty = tmp_path / "empty"
+        for store in (knows, empty):
+            for args in (["status", "-C", ws], ["log", "-C", ws],
+                         ["rewind", "t1", "--dry-run", "-C", ws]):
+                res = cli(*args, store=store)
+                assert res.returncode == 2, (store, args, res.stderr)
+                assert "other-store-mount" in res.stderr, (store, args, res.stderr)
+                assert "stale" not in res.stderr and "--recover" not in res.stderr
+        assert is_rewindfs_mount(ws) and m.call("status")["mounted"]
+        assert (ws / "f").read_text() == "1\n"
