@@ -599,7 +599,7 @@ def register(sub) -> None:
 
     turn = sub.add_parser("turn", help="mark turn boundaries")
     tsub = turn.add_subparsers(dest="turn_command", metavar="begin|end",
-                               parser_class=type(turn))
+                               parser_class=type(turn), required=True)
     turn.set_defaults(command=None)
     p = tsub.add_parser("begin", help="start a turn")
     p.add_argument("--session", required=True, metavar="S", help="the session the turn belongs to")

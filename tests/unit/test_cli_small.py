@@ -183,3 +183,11 @@ def test_log_fits_80_columns_with_every_column(ws):
     row = [line for line in lines if line.lstrip().startswith("e3")]
     assert len(row) == 1 and "…" in row[0], lines     # one line, label cut
     assert not any("refactor" in line for line in lines if line not in row)
+
+
+def test_turn_without_begin_or_end_names_them(tmp_path):
+    """``rewindfs turn`` said "name a command (rewindfs --help lists them)": the
+    top-level help, which does not list begin and end."""
+    res = cli("turn", store=tmp_path / "store")
+    assert res.returncode == 3 and "begin|end" in res.stderr, res.stderr
+    assert "rewindfs turn --help" in res.stderr, res.stderr
