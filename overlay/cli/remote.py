@@ -16,13 +16,15 @@ from __future__ import annotations
 import os
 import time
 
+from rich.cells import cell_len
+
 import rewindfs.store as store_lib              # both load their names on first use:
 import rewindfs.store.remote as remote_lib      # LMDB and boto3 come with the command
 from rewindfs.store._errors import UnknownRemoteWorkspace
 
 from rewindfs.overlay.cli import options
 from rewindfs.overlay.control import client
-from rewindfs.overlay.cli.render import escape, human_bytes, parse_duration
+from rewindfs.overlay.cli.render import escape, human_bytes, parse_duration, truncate
 from rewindfs.overlay.errors import Interrupted, NotAWorkspace, StaleMount, UsageError
 from rewindfs.overlay.places import (control_socket_path, find_rewindfs_mount, find_socket,
                                      resolve_store_path)
@@ -120,7 +122,9 @@ def _render_remote_ws(out, state) -> None:
         what = f"turn {e.turn} of {e.session}" if e.kind == "turn" else e.kind
         if e.kind in ("rewind", "redo") and e.target is not None:
             what += f" → e{e.target}"
-        out.say(f"  e{e.id}  {escape(what)}  {escape(e.label or '')}")
+        line = f"  e{e.id}  {escape(what)}  "
+        # the label gives way, as in `rewindfs log` (--json keeps it whole)
+        out.say(line + truncate(escape(e.label or ""), out.console.width - cell_len(line)))
 
 
 # -- remote learn --------------------------------------------------------------------------

@@ -99,3 +99,29 @@ def _restored(capsys, fresh):
     assert code == 0
     heads = [r for r in recs if (r.get("label") or "").startswith("pushed tree")]
     return {"head_epoch": heads[-1]["epoch"]}
+
+
+def test_remote_log_cuts_a_long_label_to_the_terminal_as_log_does(tmp_path, capsys, s3,
+                                                                   monkeypatch):
+    """``rewindfs log`` cuts a label to the terminal's width; ``remote log`` printed a
+    100 kB label on one line.  --json keeps it whole."""
+    from rewindfs.overlay.cli import main
+    long_label = "make the parser handle every corner case " * 2500
+    with open_history(new_dir(tmp_path / "a")) as h:
+        h.store.begin_turn(h.ws, "s1", 1, long_label)
+        h.write(b"a.txt", b"one\n")
+        h.end_turn()
+        store = str(h.store.path)
+        add_origin(capsys, store, s3)
+        code, recs = cli(capsys, "--store", store, "push", "-C", h.root.decode())
+        assert code == 0, recs
+    monkeypatch.setenv("COLUMNS", "80")
+    capsys.readouterr()
+    assert main(["--store", store, "remote", "log", "origin"]) == 0
+    rows = capsys.readouterr().out.splitlines()
+    assert any("turn 1 of s1" in r and r.endswith("…") for r in rows), rows
+    points = [r for r in rows if r.startswith("  e")]
+    assert points and all(len(r) <= 80 for r in points), [len(r) for r in points]
+    code, recs = cli(capsys, "--store", store, "remote", "log", "origin")
+    assert [r["label"] for r in recs if r["type"] == "remote.point" and r["turn"] == 1] == [
+        long_label]
