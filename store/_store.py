@@ -130,28 +130,36 @@ class Store:
     def workspace(self, real_path) -> int:
         """The id of the workspace at ``real_path`` (resolved by the caller), created on
         first use.  ``StoreInsideWorkspace`` if this store lies inside it."""
-        real_path = os.fsencode(real_path)
-        if not real_path.startswith(b"/") or b"\0" in real_path:
-            raise StoreError(f"workspace path must be absolute: {real_path!r}")
-        real_path = os.path.normpath(real_path)
-        check_outside(self._real, real_path)
-        hkey = xxhash.xxh3_128(real_path).digest()
+        real_path, hkey = self._workspace_key(real_path)
         with self._r() as txn:
             ws = _workspace_id(txn, self._db, hkey, real_path)
         if ws is not None:
             return ws
         with self._w() as txn:   # look again: another process may have just added it
-            ws = _workspace_id(txn, self._db, hkey, real_path)
-            if ws is not None:
-                return ws
-            meta = self._db["meta"]
-            ws = S.load("meta", b"next_ws", txn.get(b"next_ws", db=meta) or b"")
-            if not isinstance(ws, int) or isinstance(ws, bool) or not 0 < ws < 1 << 32:
-                raise S.corrupt("meta", b"next_ws", f"not a workspace id: {ws!r}")
-            txn.put(b"next_ws", S.dump(b"next_ws", ws + 1), db=meta)
-            txn.put(hkey, S.dump(hkey, [ws, real_path]), db=self._db["workspaces"])
-            txn.put(S.u32(ws), S.seal(S.u32(ws), real_path), db=self._db["ws_paths"])
-            return ws
+            return _workspace_in(txn, self._db, hkey, real_path)
+
+    def _workspace_key(self, real_path) -> tuple[bytes, bytes]:
+        real_path = os.fsencode(real_path)
+        if not real_path.startswith(b"/") or b"\0" in real_path:
+            raise StoreError(f"workspace path must be absolute: {real_path!r}")
+        real_path = os.path.normpath(real_path)
+        check_outside(self._real, real_path)
+        return real_path, xxhash.xxh3_128(real_path).digest()
+
+    def check_import(self, real_path, history, *, point, session=None):
+        """What ``import_history(dry_run=True)`` answers for the workspace at
+        ``real_path``, registered or not: the same checks (``RestoreTargetInUse``, the
+        point: ``UnknownPoint``, ``AmbiguousPoint``), and nothing is written — not
+        even the workspace (``restore`` asks before it makes anything)."""
+        real_path, hkey = self._workspace_key(real_path)
+        try:
+            with self._w() as txn:
+                ws = _workspace_in(txn, self._db, hkey, real_path)
+                raise _transfer.Rollback(_transfer.import_into(
+                    txn, self._db, ws, history, label="", head=[], point=point,
+                    session=session))
+        except _transfer.Rollback as done:
+            return done.result
 
     def workspaces(self) -> list[tuple[int, bytes]]:
         with self._r() as txn:
@@ -588,6 +596,21 @@ class Store:
         return {"path": str(self.path), "entries": stat,
                 "map_used_bytes": info["last_pgno"] * self._env.stat()["psize"],
                 "durability": _txn.sync_statistics(self._env)}
+
+
+def _workspace_in(txn, db, hkey: bytes, real_path: bytes) -> int:
+    """The id of the workspace at ``real_path``, registered in *txn* if it is new."""
+    ws = _workspace_id(txn, db, hkey, real_path)
+    if ws is not None:
+        return ws
+    meta = db["meta"]
+    ws = S.load("meta", b"next_ws", txn.get(b"next_ws", db=meta) or b"")
+    if not isinstance(ws, int) or isinstance(ws, bool) or not 0 < ws < 1 << 32:
+        raise S.corrupt("meta", b"next_ws", f"not a workspace id: {ws!r}")
+    txn.put(b"next_ws", S.dump(b"next_ws", ws + 1), db=meta)
+    txn.put(hkey, S.dump(hkey, [ws, real_path]), db=db["workspaces"])
+    txn.put(S.u32(ws), S.seal(S.u32(ws), real_path), db=db["ws_paths"])
+    return ws
 
 
 def _workspace_id(txn, db, hkey: bytes, real_path: bytes) -> int | None:

@@ -176,15 +176,17 @@ class RemoteRestore:
 
 def restore(store, backend, config, ws_id: str, point, dest, *, session=None,
             progress=None) -> RemoteRestore:
+    _check_target(dest)
     pushed = read_pushed(backend, config, ws_id)
+    # the point is checked (and the history's shape) before any blob is downloaded and
+    # before DIR or its workspace exists: a refused restore leaves nothing behind
+    store.check_import(os.path.realpath(os.fsencode(dest)), pushed.history, point=point,
+                       session=session)
     real = _prepare(dest)
     ws = store.workspace(real)
     if store.epochs(ws):
         raise RestoreTargetInUse(path=os.fsdecode(real),
                                  reason="this store already has history for it")
-    # the point is checked (and the history's shape) before any blob is downloaded
-    store.import_history(ws, pushed.history, label="", head=[], point=point,
-                         session=session, dry_run=True)
     problems = pushed.fetch(store, backend, progress)
     offset, head_epoch, target = store.import_history(
         ws, pushed.history, label=pushed.label, head=pushed.head, point=point,
@@ -202,16 +204,31 @@ def restore(store, backend, config, ws_id: str, point, dest, *, session=None,
     return RemoteRestore(ws, target, head_epoch.id, result, named)
 
 
+def _check_target(dest) -> None:
+    """``RestoreTargetInUse`` unless ``dest`` is an empty directory or a name that can
+    be made (its parent a directory): checked before anything is downloaded or made."""
+    dest = os.fsencode(dest)
+    if os.path.lexists(dest):
+        if not os.path.isdir(dest) or os.path.islink(dest):
+            raise RestoreTargetInUse(path=os.fsdecode(dest), reason="not a directory")
+        if os.listdir(dest):
+            raise RestoreTargetInUse(path=os.fsdecode(dest), reason="not empty")
+    elif not os.path.isdir(os.path.dirname(os.path.abspath(dest))):
+        raise RestoreTargetInUse(path=os.fsdecode(dest),
+                                 reason="its parent directory does not exist")
+
+
 def _prepare(dest) -> bytes:
     """``dest`` made (mode 0700 until its own mode lands) or checked empty; its real path."""
+    _check_target(dest)
     dest = os.fsencode(dest)
     try:
         os.mkdir(dest, 0o700)
     except FileExistsError:
-        if not os.path.isdir(dest) or os.path.islink(dest):
-            raise RestoreTargetInUse(path=os.fsdecode(dest), reason="not a directory") from None
-        if os.listdir(dest):
-            raise RestoreTargetInUse(path=os.fsdecode(dest), reason="not empty") from None
+        _check_target(dest)     # made meanwhile: still fine if empty
+    except OSError as exc:
+        raise RestoreTargetInUse(path=os.fsdecode(dest),
+                                 reason=f"it cannot be made: {exc.strerror}") from None
     return os.path.realpath(dest)
 
 

@@ -187,6 +187,34 @@ def test_restore_refuses_a_non_empty_directory_and_an_unknown_workspace(s3, tmp_
         assert all(not s.epochs(ws) for ws, _root in s.workspaces())
 
 
+def test_a_refused_restore_makes_no_directory_and_no_workspace(s3, tmp_path, capsys):
+    """A restore refused for its point (a typo, an ambiguous turn) had made DIR and
+    registered it as a workspace of the store; a ``rewindfs status`` there then opened
+    an epoch for it, and the corrected restore was refused: "this store already has
+    history for it".  Now the point is checked before anything is made, and the
+    corrected command just works.  A DIR that cannot be made is named, no traceback."""
+    _expected, ws_id, _store, _root = _pushed(capsys, tmp_path, s3)
+    store = tmp_path / "s2"
+    add_origin(capsys, store, s3)
+    new = tmp_path / "new"
+    code, recs = cli(capsys, "--store", store, "restore", "--from", "origin",
+                     "--workspace", ws_id, "--point", "e999", new)
+    assert code == 2 and recs[-1]["code"] == "unknown-point", recs
+    assert not new.exists()
+    with Store.open(store) as s:
+        assert s.workspaces() == []
+    code, recs = cli(capsys, "--store", store, "status", "-C", tmp_path)
+    code, recs = cli(capsys, "--store", store, "restore", "--from", "origin",
+                     "--workspace", ws_id, "--point", "t1", "--session", "s1", new)
+    assert code == 0, recs
+    code, recs = cli(capsys, "--store", store, "restore", "--from", "origin",
+                     "--workspace", ws_id, "--point", "t1", "--session", "s1",
+                     "/proc/rewindfs-no-such-dir")
+    (err,) = [r for r in recs if r["type"] == "error"]
+    assert code == 3 and err["code"] == "restore-target-in-use", recs
+    assert "/proc/rewindfs-no-such-dir" in err["message"], err
+
+
 def test_ctrl_c_during_a_push_says_what_it_left_and_the_next_push_completes(s3, tmp_path):
     """Ctrl-C while ``rewindfs push`` waits on a server that stopped answering: exit
     130 with a last line that says what is on the remote and how to resume (it used to
