@@ -442,6 +442,14 @@ def _has_fd(stream) -> bool:
 
 def cmd_gc(args, out) -> int:
     if args.remote_gc:      # the remote's gc: reachability there, not local retention
+        local = [flag for flag, value in (("--keep-epochs", args.keep_epochs),
+                                          ("--max-age", args.max_age),
+                                          ("--max-bytes", args.max_bytes),
+                                          ("--drop-redo", args.drop_redo or None))
+                 if value is not None]
+        if local:
+            raise errors.UsageError(f"{', '.join(local)}: the local store's retention; gc "
+                                    "--remote deletes only what no pushed segment names")
         from rewindfs.overlay.cli.remote import gc_remote_cmd
         return gc_remote_cmd(args, out)
     grace = 3600.0 if args.grace is None else V.parse_duration(args.grace)

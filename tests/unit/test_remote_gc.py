@@ -230,5 +230,10 @@ def test_gc_usage_refusals(tmp_path, capsys):
     assert code == 0 and recs[-1]["type"] == "gc" and recs[-1]["dry_run"] is True, recs
     code, recs = cli(capsys, "--store", store, "gc", "--remote", "nope")
     assert code == 3 and _error(recs)["code"] == "unknown-remote", recs
+    for flag in (["--keep-epochs", "3"], ["--max-age", "30d"], ["--max-bytes", "1G"],
+                 ["--drop-redo"]):   # local retention: silently ignored by --remote before
+        code, recs = cli(capsys, "--store", store, "gc", "--remote", "origin", *flag)
+        assert code == 3 and _error(recs)["code"] == "usage", (flag, recs)
+        assert flag[0] in _error(recs)["message"], recs
     code, recs = cli(capsys, "--store", store, "gc", "--remote", "nope", "--grace", "soon")
     assert code == 3 and _error(recs)["code"] == "bad-amount", recs
