@@ -413,13 +413,13 @@ def _warn_all(out, res: dict) -> None:
 
 def _offline_status(args) -> dict:
     """Status of an unmounted workspace, straight from the store (read-only)."""
-    from rewindfs.store import Store, StoreError
+    from rewindfs.store import Store
 
     start = os.path.realpath(os.fsencode(args.workspace or "."))
-    try:
-        store = Store.open(resolve_store_path(args.store), create=False)
-    except StoreError:
-        raise NotMounted(path=os.fsdecode(start)) from None
+    store_path = resolve_store_path(args.store)
+    if not (store_path / "index").is_dir():     # no store: nothing was ever mounted here
+        raise NotMounted(path=os.fsdecode(start))
+    store = Store.open(store_path, create=False)   # one that cannot be opened says why
     with store:
         found = store.workspace_containing(start)
         if found is None:

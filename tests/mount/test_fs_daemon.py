@@ -111,6 +111,23 @@ def test_status_of_an_unmounted_workspace_comes_from_the_store(dirs):
         "workspace"] == os.path.realpath(ws)
 
 
+def test_status_of_an_unmounted_workspace_names_a_store_it_cannot_open(dirs):
+    """An unreadable store (here a damaged index) made ``rewindfs status`` say the
+    workspace "is not served by a rewindfs daemon" — the store's error hidden.  No
+    store at all still reads as not mounted."""
+    ws, store = dirs
+    with mounted(ws, store) as m:
+        m.call("turn.begin", session="s", turn=1, label="l")
+    data = store / "index" / "data.mdb"
+    with open(data, "r+b") as f:                 # the meta pages: LMDB refuses the file
+        f.write(b"\xff" * 8192)
+    res = cli("status", "--store", store, "-C", ws)
+    assert res.returncode == 2 and "store-error" in res.stderr, res.stderr
+    assert "not served" not in res.stderr, res.stderr
+    res = cli("status", "--store", store.parent / "no-store-here", "-C", ws)
+    assert res.returncode == 2 and "not-mounted" in res.stderr, res.stderr
+
+
 def test_run_mounts_runs_inside_and_unmounts(dirs):
     ws, store = dirs
     sub = ws / "sub"
