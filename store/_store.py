@@ -51,6 +51,11 @@ class Store:
         self.blobs = BlobArea(env, db["blobs"], str(path / "blobs"))
 
     # -- lifecycle ------------------------------------------------------------------
+    @staticmethod
+    def exists(path) -> bool:
+        """Whether a store was ever made at ``path`` (its index directory is there)."""
+        return (pathlib.Path(path) / "index").is_dir()
+
     @classmethod
     def open(cls, path, *, create: bool = True, sync: bool = False) -> Store:
         """Open (and with ``create`` make) the store at ``path`` (the callers resolve the
@@ -58,7 +63,7 @@ class Store:
         store from a newer rewindfs."""
         path = pathlib.Path(path).absolute()
         with _txn.translate():
-            if not (path / "index").is_dir():
+            if not cls.exists(path):
                 if not create:
                     raise StoreError(f"no store at {path}")
                 (path / "index").mkdir(mode=0o700, parents=True, exist_ok=True)

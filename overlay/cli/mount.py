@@ -52,8 +52,7 @@ def find_daemon(start, store_path) -> tuple[bytes, bytes]:
         if mnt is not None:
             check_mount_owner(mnt)   # another uid's daemon: say so, not "not mounted"
             if mount_answers(mnt.point):   # a live daemon, not ours: never "dead"
-                raise OtherStoreMount(path=os.fsdecode(mnt.point), store=os.fsdecode(
-                    os.fsencode(store_path)))
+                raise OtherStoreMount(path=os.fsdecode(mnt.point), store=str(store_path))
         raise NotMounted(path=os.fsdecode(real))
     sock, path = found
     return path, sock
@@ -417,7 +416,7 @@ def _offline_status(args) -> dict:
 
     start = os.path.realpath(os.fsencode(args.workspace or "."))
     store_path = resolve_store_path(args.store)
-    if not (store_path / "index").is_dir():     # no store: nothing was ever mounted here
+    if not Store.exists(store_path):    # no store: nothing was ever mounted here
         raise NotMounted(path=os.fsdecode(start))
     store = Store.open(store_path, create=False)   # one that cannot be opened says why
     with store:
