@@ -152,8 +152,8 @@ class Store:
         return real_path, xxhash.xxh3_128(real_path).digest()
 
     def check_import(self, real_path, history, *, point, session=None):
-        """What ``import_history(dry_run=True)`` answers for the workspace at
-        ``real_path``, registered or not: the same checks (``RestoreTargetInUse``, the
+        """What ``import_history`` would answer for the workspace at ``real_path``,
+        registered or not, without writing anything: the same checks (``RestoreTargetInUse``, the
         point: ``UnknownPoint``, ``AmbiguousPoint``), and nothing is written — not
         even the workspace (``restore`` asks before it makes anything)."""
         real_path, hkey = self._workspace_key(real_path)
@@ -502,24 +502,16 @@ class Store:
             return _transfer.export(txn, self._db, ws)
 
     def import_history(self, ws, history, *, label: str, head, point=None, session=None,
-                       dry_run: bool = False, replace_empty: bool = False,
-                       settle: bool = False):
+                       replace_empty: bool = False, settle: bool = False):
         """Write ``history`` into ``ws`` (no history yet), open an ``idle`` epoch
         holding ``head`` and resolve ``point``: (offset, that epoch, point's epoch id);
-        one transaction, all or nothing (``_transfer.import_into``).  ``dry_run``:
-        the same checks and answer, then the transaction is aborted (nothing written).
-        ``replace_empty`` and ``settle``: learning into an existing workspace
-        (``_transfer``'s contract)."""
-        try:
-            with self._w() as txn:
-                result = _transfer.import_into(txn, self._db, ws, history, label=label,
-                                               head=head, point=point, session=session,
-                                               replace_empty=replace_empty, settle=settle)
-                if dry_run:
-                    raise _transfer.Rollback(result)
-                return result
-        except _transfer.Rollback as done:
-            return done.result
+        one transaction, all or nothing (``_transfer.import_into``).  ``check_import``
+        asks the same without writing.  ``replace_empty`` and ``settle``: learning into
+        an existing workspace (``_transfer``'s contract)."""
+        with self._w() as txn:
+            return _transfer.import_into(txn, self._db, ws, history, label=label,
+                                         head=head, point=point, session=session,
+                                         replace_empty=replace_empty, settle=settle)
 
     def store_id(self) -> str:
         with self._w() as txn:

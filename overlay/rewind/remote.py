@@ -219,8 +219,8 @@ def _check_target(dest) -> None:
 
 
 def _prepare(dest) -> bytes:
-    """``dest`` made (mode 0700 until its own mode lands) or checked empty; its real path."""
-    _check_target(dest)
+    """``dest`` (checked by ``_check_target``) made, mode 0700 until its own mode lands,
+    or found empty; its real path."""
     dest = os.fsencode(dest)
     try:
         os.mkdir(dest, 0o700)

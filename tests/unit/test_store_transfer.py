@@ -60,8 +60,7 @@ def test_refusals_write_nothing(tmp_path):
         with pytest.raises(AmbiguousPoint):
             store.import_history(ws, hist, label="x", head=[], point="t3")
         assert store.epochs(ws) == []
-        store.import_history(ws, hist, label="x", head=[], point="t3", session="s1",
-                             dry_run=True)
+        store.check_import(bytes(tmp_path / "w"), hist, point="t3", session="s1")
         assert store.epochs(ws) == []
         store.import_history(ws, hist, label="x", head=[])
         with pytest.raises(RestoreTargetInUse):
