@@ -175,12 +175,16 @@ def test_unmount_while_requests_are_in_flight(tmp_path, uring):
     done = [0]
 
     def hammer(k: int) -> None:
-        # no fd and no cwd stays in the mount (it would be busy): stats, listings,
-        # xattr misses — each one a round trip through a ring
+        # no fd and no cwd in the mount, not even for a moment: a listing's open
+        # directory would make the unmount's busy check refuse (it did, in CI). Stats,
+        # lookup misses, xattr misses — each one a round trip through a ring
         while not stop.is_set():
             try:
                 os.stat(ws / f"f{(done[0] + k) % 20}")
-                os.listdir(ws)
+                try:
+                    os.lstat(ws / f"missing{k}")
+                except FileNotFoundError:
+                    pass
                 try:
                     os.getxattr(ws / "f0", "user.none")
                 except OSError as exc:
@@ -191,22 +195,27 @@ def test_unmount_while_requests_are_in_flight(tmp_path, uring):
                 if exc.errno not in (errno.ENOTCONN, errno.ECONNABORTED, errno.ENOENT):
                     errors.append(exc)
 
-    with mounted(ws, store, env=URING) as m:
-        threads = [threading.Thread(target=hammer, args=(k,), daemon=True) for k in range(4)]
-        for t in threads:
-            t.start()
-        deadline = time.monotonic() + 30
-        while done[0] < 200 and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert done[0] >= 200
-        assert sum(_queues(m)) > 0
-        res = cli("unmount", ws, store=store, timeout=60)    # while they go on
-        assert res.returncode == 0, res.stderr
-        assert m.proc.wait(timeout=HANG_GUARD_S) == 0
+    threads = [threading.Thread(target=hammer, args=(k,), daemon=True) for k in range(4)]
+    try:
+        with mounted(ws, store, env=URING) as m:
+            for t in threads:
+                t.start()
+            deadline = time.monotonic() + 30
+            while done[0] < 200 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert done[0] >= 200
+            assert sum(_queues(m)) > 0
+            res = cli("unmount", ws, store=store, timeout=60)    # while they go on
+            assert res.returncode == 0, res.stderr
+            assert m.proc.wait(timeout=HANG_GUARD_S) == 0
+    finally:
+        # also when an assertion failed: hammers left running would go on touching
+        # the directory through the rest of the session (they upset later fd counts)
         stop.set()
         for t in threads:
-            t.join(HANG_GUARD_S)
-            assert not t.is_alive()
+            if t.ident is not None:      # started
+                t.join(HANG_GUARD_S)
+    assert not any(t.is_alive() for t in threads)
     assert not is_rewindfs_mount(ws)
     assert errors == []
     assert (ws / "f3").read_text() == "3\n"
