@@ -13,8 +13,11 @@ import errno
 import json
 import logging
 import os
+import shlex
+import shutil
 import signal
 import subprocess
+import sys
 import time
 
 from rewindfs.store._errors import RewindfsError
@@ -307,6 +310,9 @@ def cmd_run(args, out) -> int:
     store = resolve_store_path(args.store)
     ws_dir = args.workspace or "."
     cwd = os.getcwd()  # a path string: resolving it again after the mount re-enters it
+    problem = _start_problem(cmd[0], cwd)
+    if problem is not None:    # found out before anything is mounted or recorded
+        return _not_started(out, cmd, cwd, *problem)
     child = None
     try:
         child = spawn_daemon(ws_dir, store)
@@ -353,17 +359,47 @@ def _run_in_foreground(cmd: list[str], cwd: str, out) -> int:
     try:
         try:
             child = subprocess.Popen(cmd, cwd=cwd)
-        except FileNotFoundError:
-            out.warn(f"command not found: {cmd[0]}")
-            return 127
+        except FileNotFoundError:    # gone since _start_problem looked
+            return _not_started(out, cmd, cwd, 127, "not found")
         except PermissionError:
-            out.warn(f"command not executable: {cmd[0]} (permission denied)")
-            return 126
+            return _not_started(out, cmd, cwd, 126, "permission denied (not executable)")
         status = child.wait()
     finally:
         for sig, handler in old.items():
             signal.signal(sig, handler)
     return 128 - status if status < 0 else status
+
+
+def _start_problem(cmd0: str, cwd: str) -> tuple[int, str] | None:
+    """Why a shell in *cwd* could not start *cmd0* — ``(127, …)`` not found, ``(126, …)``
+    found but not executable — or None.  Looked up as ``execvp`` does: a name with a
+    slash from *cwd*, else along ``$PATH``.  The mount shows the same tree as *cwd*, so
+    the answer holds inside it too."""
+    if "/" not in cmd0:
+        return None if shutil.which(cmd0) else (127, "command not found")
+    path = os.path.join(cwd, cmd0)
+    if not os.path.lexists(path):
+        return 127, "no such file or directory"
+    if os.path.isdir(path):
+        return 126, "is a directory"
+    if not os.access(path, os.X_OK):
+        return 126, "permission denied (not executable)"
+    return None
+
+
+def _not_started(out, cmd: list[str], cwd: str, status: int, why: str) -> int:
+    """Say, as a shell would, that CMD did not start; exit *status* (126 or 127).  A
+    directory named first was most likely meant as the workspace: the ``-C`` form is
+    shown."""
+    text = f"rewindfs run: {cmd[0]}: {why}"
+    if os.path.isdir(os.path.join(cwd, cmd[0])):
+        rest = cmd[2:] if cmd[1:2] == ["--"] else cmd[1:]
+        text += (f" ({cmd[0]} is a directory here; to run in it as the workspace: "
+                 f"rewindfs run -C {shlex.join(cmd[:1])} -- {shlex.join(rest) or 'CMD'})")
+    out.emit("run.not_started", command=cmd[0], reason=why, exit_code=status)
+    if not out.json:
+        sys.stderr.write(text + "\n")
+    return status
 
 
 def cmd_turn_begin(args, out) -> int:

@@ -166,6 +166,29 @@ def test_run_of_a_file_that_is_not_executable_exits_126_without_a_traceback(dirs
     assert not is_rewindfs_mount(ws)
 
 
+def test_run_of_a_command_it_cannot_start_mounts_nothing_and_records_nothing(dirs):
+    """``rewindfs run ws -- make`` (the workspace given as a word, as ``mount DIR``
+    takes it) mounted the *current* directory as a workspace, opened an epoch for it in
+    the store, then said "warning: command not executable: ws".  A command that cannot
+    start is found out before anything is mounted: 126/127 as a shell says, the
+    directory named as such with the ``-C`` that was meant, the store untouched."""
+    ws, store = dirs
+    parent = ws / "proj"                  # the current directory run would have mounted
+    (parent / "app").mkdir(parents=True)
+    res = cli("run", "app", "--", "true", store=store, cwd=parent)
+    assert res.returncode == 127, (res.returncode, res.stderr)      # bash: not found
+    assert "is a directory" in res.stderr and "run -C app -- true" in res.stderr, res.stderr
+    assert "warning" not in res.stderr, res.stderr
+    res = cli("run", "./app", "--", "true", store=store, cwd=parent)
+    assert res.returncode == 126, (res.returncode, res.stderr)      # bash: is a directory
+    assert "is a directory" in res.stderr, res.stderr
+    res = cli("run", "--dir", ws, "--", "no-such-command-here", store=store, cwd=ws)
+    assert res.returncode == 127, (res.returncode, res.stderr)
+    assert "no-such-command-here" in res.stderr and "not found" in res.stderr, res.stderr
+    assert not is_rewindfs_mount(ws) and not is_rewindfs_mount(parent)
+    assert not store.exists(), sorted(p.name for p in store.iterdir())
+
+
 _CLEANS_UP_ON_CTRL_C = """
 import pathlib, signal, sys, time
 def stop(*_):
