@@ -100,6 +100,22 @@ def _open_release(w: Wire, inos: list[int], rounds: int) -> float:
     return best * 1e6
 
 
+def _create_release(w: Wire, d: int, rounds: int, files: int) -> float:
+    """CREATE of a new name (its absence recorded: one store commit) and its RELEASE,
+    per request; every round creates new names."""
+    best = float("inf")
+    for _ in range(rounds):
+        creates = [w.request(wire.CREATE, d, wire.CREATE_IN.pack(
+            os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o100644, 0o022, 0) + b"new%d\0" % w.unique)
+            for _ in range(files)]
+        t0 = time.process_time()
+        for req in creates:
+            fh = wire.OPEN_OUT.unpack_from(w.send(req), 16 + wire.ENTRY_OUT.size)[0]
+            w.send(w.request(wire.RELEASE, 0, wire.RELEASE_IN.pack(fh, 0, 0, 0)))
+        best = min(best, (time.process_time() - t0) / (2 * len(creates)))
+    return best * 1e6
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=9)
@@ -135,6 +151,8 @@ def main() -> None:
                 print(f"  {name:40s} {_per_request(w, reqs, args.rounds):6.2f}")
             print(f"  {'open + release (per request)':40s} "
                   f"{_open_release(w, inos, args.rounds):6.2f}")
+            print(f"  {'create + release (per request)':40s} "
+                  f"{_create_release(w, d, args.rounds, args.files):6.2f}")
         finally:
             w.close()
             store.close()
