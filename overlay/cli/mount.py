@@ -9,7 +9,6 @@ directory inside the workspace (``find_daemon``), or from ``-C DIR``.
 from __future__ import annotations
 
 import argparse
-import errno
 import json
 import logging
 import os
@@ -26,7 +25,7 @@ from rewindfs.overlay.cli import options
 from rewindfs.overlay.control import client, wire
 from rewindfs.overlay.fs import SESSIONS
 from rewindfs.overlay.cli.render import INTENT_FINISHING, INTENT_PENDING, escape, human_bytes
-from rewindfs.overlay.places import (DEAD_MOUNT, check_mount_owner, check_place, check_workspace,
+from rewindfs.overlay.places import (check_mount_owner, check_place, check_workspace,
                                      control_socket_path, enclosing_rewindfs_mount,
                                      find_rewindfs_mount, find_socket, lazy_unmount,
                                      ensure_runtime_dir, is_inside, mount_answers, mount_users,
@@ -155,12 +154,12 @@ def unmount_workspace(dir_path, store, *, lazy: bool = False,
     if mnt is not None:
         check_mount_owner(mnt)
     try:
-        os.statvfs(real)  # statfs always reaches the daemon (stat may come from cache)
-    except OSError as exc:
-        if exc.errno in DEAD_MOUNT:  # a dead daemon's mount
-            lazy_unmount(real)
-            return "stale mount detached", []
+        alive = mount_answers(real)
+    except OSError:
         raise NotMounted(path=os.fsdecode(raw)) from None
+    if not alive:    # a dead daemon's mount
+        lazy_unmount(real)
+        return "stale mount detached", []
     if mnt is None:
         outer = enclosing_rewindfs_mount(real)
         if outer is not None:
