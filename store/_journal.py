@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 from . import _epoch
 from . import _schema as S
-from ._errors import EpochClosed, IndexCorrupt, StoreError
+from ._errors import EpochClosed, IndexCorrupt
 from ._preimage import Damaged, PreImage, check_relpath, decode, encode
 
 

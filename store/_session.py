@@ -20,7 +20,7 @@ import time
 
 from . import _epoch
 from . import _schema as S
-from ._errors import (AmbiguousPoint, BadPoint, BadSession, SessionConflict, StoreError, TurnOpen,
+from ._errors import (AmbiguousPoint, BadPoint, BadSession, SessionConflict, TurnOpen,
                       UnknownPoint)
 
 MAX_SESSION = 256

@@ -28,6 +28,7 @@ import os
 import signal
 import socket
 import threading
+import typing
 
 from rewindfs.store._errors import PathEscape, RewindfsError
 
@@ -38,6 +39,9 @@ from rewindfs.overlay.cli.mount import find_daemon
 from rewindfs.overlay.control import client
 from rewindfs.overlay.errors import Interrupted, NotAWorkspace, NotMounted, StaleMount
 from rewindfs.overlay.places import find_rewindfs_mount, is_inside, resolve_store_path
+
+if typing.TYPE_CHECKING:
+    from rewindfs.store import Store
 
 __all__ = ["HANDLERS", "open_workspace", "register"]
 

@@ -37,7 +37,7 @@ import re
 import time
 from dataclasses import dataclass, field
 
-from .._errors import (LeaseHeld, RemoteGcRunning, RemoteGcUnsafe, RemoteObjectCorrupt,
+from .._errors import (RemoteGcRunning, RemoteGcUnsafe, RemoteObjectCorrupt,
                        RemoteObjectMissing)
 from ._index import RemoteWorkspace
 from ._lease import Lease
