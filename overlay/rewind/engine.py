@@ -382,6 +382,9 @@ class _Run:
     adopter: Adopter | None = None
     fence: object = None        # fence_rewind/unfence_rewind of a daemon (invariant 14)
     held: set = field(default_factory=set)   # unchanged paths open for writing: skipped
+    # directories whose metadata the plan found as it should be: the run moves their
+    # times (its renames into them) and sets them back, a net change of nothing
+    settled: set = field(default_factory=set)
 
 
 @dataclass
@@ -616,6 +619,8 @@ def _land_all(run: _Run, store_plan, items=None) -> RestoreResult:
         groups = _Groups()
         items = [PlannedAction(a, _classify(run.dirs, a, run.rules, groups, run.store))
                  for a in store_plan]
+    run.settled = {it.action.path for it in items
+                   if it.action.op == "meta" and it.change == "unchanged"}
     try:
         _fence(run, items)
         if run.writers is not None:
@@ -707,6 +712,8 @@ def _land_actions(run: _Run, store_plan, result: RestoreResult) -> None:
 
 
 def _record_landed(run: _Run, result: RestoreResult, action, change: str) -> None:
+    if action.op == "meta" and (change == "unchanged" or action.path in run.settled):
+        return      # not counted, as RewindPlan.counts does not: what it did is nothing
     result.counts[change] += 1
     if change != "unchanged":
         kind = "rewind.deleted" if change == "deleted" else "rewind.written"

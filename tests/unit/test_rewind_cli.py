@@ -107,6 +107,31 @@ def test_rewind_redo_and_events(env, capfd):
     assert compare(env.snap2, snapshot(env.root)) == []
 
 
+_COUNTED = ("written", "created", "deleted", "meta", "unchanged")
+
+
+@pytest.mark.parametrize("argv", [["rewind", "t2"], ["rewind", "t1"], ["redo"]])
+def test_what_is_done_is_what_the_dry_run_said(env, capfd, argv):
+    """A redo's plan said "1 written, 2 created, 0 deleted, 1 metadata-only" and its
+    end said "restored 5 path(s)": the directories whose times the engine set back
+    after landing their entries (its own renames had moved them) were counted as
+    restored, and reported one by one, though their net change was none.  What a
+    rewind or redo does — counts and the paths it names — is what its dry run said."""
+    if argv == ["redo"]:
+        assert env.json("rewind", "t1", capfd=capfd)[0] == 0
+    code, lines, _ = env.json(*argv, "--dry-run", capfd=capfd)
+    assert code == 0
+    (planned,) = lines
+    code, lines, _ = env.json(*argv, capfd=capfd)
+    assert code == 0
+    done = lines[-1]
+    assert done["type"] == "rewind.done", lines
+    assert {k: done[k] for k in _COUNTED} == {k: planned[k] for k in _COUNTED}
+    named = sorted(r["path"] for r in lines if r["type"] in ("rewind.written",
+                                                               "rewind.deleted"))
+    assert named == sorted(c["path"] for c in planned["changes"])
+
+
 def test_path_option_limits_the_rewind(env, capfd):
     code, _out, _ = env.run("rewind", "t1", "--path", "a.txt", capfd=capfd)
     assert code == 0
