@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime
 import difflib
 import re
+import stat
 
 from rich.markup import escape as _markup_escape
 from rich.table import Table
@@ -308,11 +309,33 @@ def _diff_lines(change: dict, a_name: str, b_name: str, a: bytes | None, b: byte
     if not (_is_text(a) and _is_text(b)):
         size = lambda d: "absent" if d is None else f"{len(d)} bytes"  # noqa: E731
         return None, f"Binary {path}: {size(a)} → {size(b)}"
+    # The point after a tab, where diff -u puts a time: patch and git apply read the
+    # name up to it (a name with spaces stays one name).
     lines = difflib.unified_diff(
         (a or b"").decode().splitlines(keepends=True), (b or b"").decode().splitlines(keepends=True),
-        fromfile="/dev/null" if a is None else f"a/{path} ({a_name})",
-        tofile="/dev/null" if b is None else f"b/{path} ({b_name})")
-    return list(lines), None
+        fromfile="/dev/null" if a is None else f"a/{path}",
+        tofile="/dev/null" if b is None else f"b/{path}",
+        fromfiledate="" if a is None else f"({a_name})",
+        tofiledate="" if b is None else f"({b_name})")
+    return _mode_header(change, path) + [_ended(line) for line in lines], None
+
+
+def _mode_header(change: dict, path: str) -> list[str]:
+    """git's extended header for a mode that changed beside the content (patch and
+    git apply set it): nothing when it did not, or a side is absent."""
+    if "file" != change["a_kind"] or "file" != change["b_kind"]:
+        return []
+    if change["a_mode"] == change["b_mode"]:
+        return []
+    regular = stat.S_IFREG      # git writes the file type too: 100644
+    return [f"diff --git a/{path} b/{path}\n", f"old mode {regular | change['a_mode']:o}\n",
+            f"new mode {regular | change['b_mode']:o}\n"]
+
+
+def _ended(line: str) -> str:
+    """A diff line, ended: the last line of a file with no final newline gets the
+    marker patch reads (without it the next line would run on)."""
+    return line if line.endswith("\n") else line + "\n\\ No newline at end of file\n"
 
 
 def render_diff(out, res: dict, content) -> None:
@@ -333,11 +356,12 @@ def render_diff(out, res: dict, content) -> None:
             out.console.print(escape(summary), style="bold")
             continue
         for line in lines:
-            text = line if line.endswith("\n") else line + "\n\\ No newline at end of file\n"
-            style = ("bold" if line.startswith(("---", "+++")) else "green" if line[0] == "+"
-                     else "red" if line[0] == "-" else "cyan" if line.startswith("@@") else None)
+            style = ("bold" if line.startswith(("---", "+++", "diff --git", "old mode",
+                                                "new mode"))
+                     else "green" if line[0] == "+" else "red" if line[0] == "-"
+                     else "cyan" if line.startswith("@@") else None)
             # file content: tabs and line ends kept, other control characters shown
-            shown = "\n".join(escape(part, keep_tabs=True) for part in text.split("\n"))
+            shown = "\n".join(escape(part, keep_tabs=True) for part in line.split("\n"))
             out.console.print(shown, style=style, end="")
     if not res["changes"] and not out.json:
         out.say("no differences")

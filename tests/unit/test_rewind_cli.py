@@ -199,6 +199,37 @@ def test_diff_and_show(env, capfd):
     assert out == "from before\n"
 
 
+def test_a_diff_in_json_is_a_patch_that_applies(env, capfd, tmp_path):
+    """The ``diff`` field of ``--json`` lost the "\\ No newline at end of file" marker the
+    terminal shows: ``-one+two`` ran two lines together, and ``patch`` made a different
+    file from it.  A mode change beside a content change was shown by neither (git
+    writes ``old mode``/``new mode``).  Now the field is the patch the terminal prints,
+    and it turns the file at A into the file at B."""
+    with Store.open(env.store_path) as store:
+        h = History(store, env.root)
+        h.write(b"t", b"no newline")
+        a = h.turn(3)
+        h.write(b"t", b"no newline\nmore")
+        h.chmod(b"t", 0o700)
+        b = h.end_turn()
+        h.close()
+    code, lines, _ = env.json("diff", f"e{a}", f"e{b}", "--path", "t", capfd=capfd)
+    assert code == 0
+    (change,) = lines
+    patch_text = change["diff"]
+    assert "\\ No newline at end of file" in patch_text, patch_text
+    assert "old mode 100644" in patch_text and "new mode 100700" in patch_text, patch_text
+    work = tmp_path / "apply"
+    work.mkdir()
+    (work / "t").write_bytes(b"no newline")
+    res = subprocess.run(["patch", "-p1", "--no-backup-if-mismatch"], input=patch_text,
+                         cwd=work, capture_output=True, text=True)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert (work / "t").read_bytes() == b"no newline\nmore"
+    code, out, _ = env.run("diff", f"e{a}", f"e{b}", "--path", "t", capfd=capfd)
+    assert code == 0 and "old mode 100644" in out and out.count("No newline") == 2, out
+
+
 def test_gc_and_not_a_workspace(env, capfd, tmp_path, monkeypatch):
     code, lines, _ = env.json("gc", "--max-bytes", "1G", capfd=capfd)
     assert code == 0 and lines[0]["type"] == "gc"
