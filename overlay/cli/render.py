@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime
 import difflib
+import os
 import re
 import stat
 
@@ -303,7 +304,7 @@ def _is_text(data: bytes | None) -> bool:
 def _diff_lines(change: dict, a_name: str, b_name: str, a: bytes | None, b: bytes | None):
     path = _CONTROL.sub(_visible, change["path"])   # a newline in a name forges no header
     if change["a_kind"] not in ("file", "absent") or change["b_kind"] not in ("file", "absent"):
-        return None, f"{path}: {change['a_kind']} → {change['b_kind']}"
+        return None, f"{path}: {_kind(change['a_kind'], a)} → {_kind(change['b_kind'], b)}"
     if a == b:
         return None, f"{path}: mode {change['a_mode']:o} → {change['b_mode']:o}"
     if not (_is_text(a) and _is_text(b)):
@@ -318,6 +319,13 @@ def _diff_lines(change: dict, a_name: str, b_name: str, a: bytes | None, b: byte
         fromfiledate="" if a is None else f"({a_name})",
         tofiledate="" if b is None else f"({b_name})")
     return _mode_header(change, path) + [_ended(line) for line in lines], None
+
+
+def _kind(kind: str, content: bytes | None) -> str:
+    """A side that is not a file's content: its kind, and a symlink's target."""
+    if kind == "symlink" and content is not None:
+        return f"symlink to {_CONTROL.sub(_visible, os.fsdecode(content))}"
+    return kind
 
 
 def _mode_header(change: dict, path: str) -> list[str]:
@@ -338,15 +346,17 @@ def _ended(line: str) -> str:
     return line if line.endswith("\n") else line + "\n\\ No newline at end of file\n"
 
 
+_READ = ("file", "symlink")
+
+
 def render_diff(out, res: dict, content) -> None:
     """``content(epoch_or_None, path) -> bytes | None`` fetches one side."""
     a_name = f"e{res['a']}"
     b_name = "now" if res.get("b") is None else f"e{res['b']}"
     for change in res["changes"]:
-        a = b = None
-        if change["a_kind"] == "file" or change["b_kind"] == "file":
-            a = content(res["a"], change["path"]) if change["a_kind"] == "file" else None
-            b = content(res.get("b"), change["path"]) if change["b_kind"] == "file" else None
+        # the sides whose bytes tell the change: a file's content, a symlink's target
+        a = content(res["a"], change["path"]) if change["a_kind"] in _READ else None
+        b = content(res.get("b"), change["path"]) if change["b_kind"] in _READ else None
         lines, summary = _diff_lines(change, a_name, b_name, a, b)
         if out.json:
             out.emit("diff.change", **change, diff="".join(lines) if lines else None,

@@ -230,6 +230,19 @@ def test_a_diff_in_json_is_a_patch_that_applies(env, capfd, tmp_path):
     assert code == 0 and "old mode 100644" in out and out.count("No newline") == 2, out
 
 
+def test_a_diff_names_a_symlinks_target(env, capfd):
+    """``lnk: absent → symlink`` said what it became but not where it points, the one
+    thing a symlink holds (git shows the target as its content)."""
+    with Store.open(env.store_path) as store:
+        h = History(store, env.root)
+        a = h.turn(3)
+        h.symlink(b"a.txt", b"lnk")
+        h.end_turn()
+        h.close()
+    code, out, _ = env.run("diff", f"e{a}", "--path", "lnk", capfd=capfd)
+    assert code == 0 and "lnk: absent → symlink to a.txt" in out, out
+
+
 def test_gc_and_not_a_workspace(env, capfd, tmp_path, monkeypatch):
     code, lines, _ = env.json("gc", "--max-bytes", "1G", capfd=capfd)
     assert code == 0 and lines[0]["type"] == "gc"
