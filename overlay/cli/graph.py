@@ -145,10 +145,12 @@ def _facts(node: dict) -> str:
     return f"{n} path{'' if n == 1 else 's'}  {when(node.get('started_ns'))}".rstrip()
 
 
-def render_tree(out, nodes: list[dict], *, all_nodes: bool = False) -> None:
+def render_tree(out, nodes: list[dict], *, all_nodes: bool = False,
+                limit: int | None = None) -> None:
     """Draw ``nodes`` (``history`` wire dicts, any order) on ``out``'s console, one row
-    per line, each at most the console's width.  With ``in_session`` present on the
-    nodes (``--session``), the others are dimmed."""
+    per line, each at most the console's width; with *limit*, the newest *limit* drawn
+    nodes only (``log -n``).  With ``in_session`` present on the nodes
+    (``--session``), the others are dimmed."""
     if not nodes:
         out.say("no history yet")
         return
@@ -157,6 +159,10 @@ def render_tree(out, nodes: list[dict], *, all_nodes: bool = False) -> None:
     width = out.console.width
     id_width = max(len(f"e{nid}") for nid in order)
     for nid, graph in layout(order, parent_of):
+        if nid is not None and limit is not None:
+            if limit == 0:
+                break
+            limit -= 1
         text = Text(no_wrap=True, overflow="crop")
         if nid is None:
             text.append(graph[:width])

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-__all__ = ["DEFAULTS", "common", "workspace"]
+__all__ = ["DEFAULTS", "common", "count", "workspace"]
 
 # Attributes only some commands define: None unless the command sets them.
 DEFAULTS = {"workspace": None, "dir": None, "path": None}
@@ -27,3 +27,15 @@ def workspace(p) -> None:
     p.add_argument("-C", "--dir", dest="workspace", metavar="DIR",
                    help="the workspace (default: the current directory)")
     common(p)
+
+
+def count(text: str) -> int:
+    """An argparse ``type``: a whole number of at least 1 (``-n 0`` would show nothing,
+    and a negative count means nothing)."""
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {text!r}")
+    return n

@@ -185,15 +185,20 @@ def cmd_log(args, out) -> int:
                 # so a typo does not read as an empty history; the protocol's ``points``
                 # stays an answer ([]) for a session whose first turn is still to come
                 ws.history(args.session)
-            V.render_log(out, points, mounted=ws.mounted)
+            V.render_log(out, _newest(points, args.max_count), mounted=ws.mounted)
             return 0
         nodes = ws.history(args.session)
     if out.json:      # oldest first: a parent before its children
-        for node in nodes:
+        for node in _newest(sorted(nodes, key=lambda n: n["epoch"]), args.max_count):
             out.emit("log.node", **node)
     else:
-        graph.render_tree(out, nodes, all_nodes=args.all)
+        graph.render_tree(out, nodes, all_nodes=args.all, limit=args.max_count)
     return 0
+
+
+def _newest(items: list, n: int | None) -> list:
+    """The last *n* of *items* (oldest first), all of them for None."""
+    return items if n is None else items[-n:]
 
 
 def _rewind_like(args, out, method: str, params: dict) -> int:
@@ -502,6 +507,8 @@ def register(sub) -> None:
                         "log.node record per epoch with its parent, oldest first)")
     p.add_argument("--all", action="store_true",
                    help="with --tree: also the idle epochs that changed nothing")
+    p.add_argument("-n", "--max-count", type=options.count, metavar="N",
+                   help="only the newest N points (with --tree: the newest N drawn)")
     options.workspace(p)
     p.set_defaults(command="log")
 

@@ -77,6 +77,27 @@ def test_log_lists_every_epoch_newest_last(env, capfd):
     assert code == 0 and "turn 2" in out and "idle" in out
 
 
+def test_log_n_shows_the_newest_points_only(env, capfd):
+    """A long session's log printed every epoch, hundreds of rows, with no way to ask
+    for the last few (``git log -n``)."""
+    code, every, _ = env.json("log", capfd=capfd)
+    assert code == 0 and len(every) == 3
+    code, lines, _ = env.json("log", "-n", "2", capfd=capfd)
+    assert code == 0 and lines == every[-2:]
+    code, out, _ = env.run("log", "--max-count", "1", capfd=capfd)
+    newest = f"e{every[-1]['epoch']}"
+    assert code == 0 and newest in out and f"e{every[-2]['epoch']} " not in out, out
+    code, nodes, _ = env.json("log", "--tree", capfd=capfd)
+    code, lines, _ = env.json("log", "--tree", "-n", "2", capfd=capfd)
+    assert code == 0 and lines == nodes[-2:]
+    code, out, _ = env.run("log", "--tree", "--all", "-n", "2", capfd=capfd)
+    drawn = [line for line in out.splitlines() if " e" in line or line.lstrip()[:1] in "@○↺↻"]
+    assert code == 0 and len(drawn) == 2, out
+    for bad in ("0", "-1", "x"):
+        code, lines, _ = env.json("log", "-n", bad, capfd=capfd)
+        assert code == 3 and lines[-1]["code"] == "usage", (bad, lines)
+
+
 def test_dry_run_lists_plan_and_foreign_paths_and_changes_nothing(env, capfd):
     code, lines, _ = env.json("rewind", "2", "--session", "s1", "--dry-run", capfd=capfd)
     assert code == 0
