@@ -31,7 +31,7 @@ from rewindfs.overlay.control.handoff import Handoff
 from rewindfs.overlay.control.host import DaemonHost, RewindHost
 from rewindfs.overlay.control.wire import flag, opt_paths, opt_str, point_param, wire_path
 from rewindfs.overlay.errors import BadParams
-from rewindfs.overlay.errors import ContentTooLarge
+from rewindfs.overlay.errors import ContentTooLarge, NotAFile
 
 log = logging.getLogger(__name__)
 
@@ -176,11 +176,12 @@ def open_show(ctx: RewindHost, params: dict):
     if "path" not in params:
         raise BadParams(method="show", reason="'path' is required")
     path = wire_path(params["path"], "show")
-    if not path:
-        raise BadParams(method="show", reason="'path' must name a file")
     session = opt_str(params, "session", "show")
     flag(params, "stream", "show")
     epoch = None if point is None else ctx.store.resolve_point(ctx.ws, point, session)
+    if not path:     # the root: a directory at every point, said as for any other one
+        raise NotAFile(path=b".", what="a directory (the workspace's root)",
+                       point="now" if epoch is None else f"e{epoch}")
     return epoch, diff.open_content(ctx.root_fd, ctx.store, ctx.ws, epoch, path), path
 
 

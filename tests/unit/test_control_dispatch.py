@@ -529,8 +529,6 @@ _BAD_PARAMS = [
     ("diff", {"a": 1, "b": False}),
     ("diff", {"a": 1, "paths": [None]}),
     ("show", {"point": 1}),                                         # no path
-    ("show", {"path": ""}),
-    ("show", {"path": "."}),
     ("show", {"path": 5}),
     ("show", {"path": "f", "stream": "yes"}),
     ("gc", {"grace_s": -1}),
@@ -554,6 +552,14 @@ async def test_bad_params(d, method, params):
     await d.call("turn.end", session="p")
     err = await d.refused(method, "bad-params", **params)
     assert method in err["message"]
+
+
+@pytest.mark.parametrize("path", ["", "."])
+async def test_show_of_the_root_is_not_a_file(d, path):
+    """The root is a directory, refused as any directory is (``rewindfs show e2 .``
+    printed "Bad parameters for show: 'path' must name a file")."""
+    err = await d.refused("show", "not-a-file", path=path)
+    assert "root" in err["message"], err
 
 
 async def test_non_finite_gc_numbers_are_bad_params(d):

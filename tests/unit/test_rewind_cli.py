@@ -172,6 +172,7 @@ def test_path_option_limits_the_rewind(env, capfd):
     (["rewind", "t1", "--path", "/etc/passwd"], 3, "path-escape"),
     (["redo"], 2, "nothing-to-redo"),
     (["show", "t1", "a.txt"], 2, "absent"),
+    (["show", "t1", "."], 2, "not-a-file"),     # was bad-params, the protocol's words
 ])
 def test_bad_input_is_refused_and_changes_nothing(env, capfd, argv, code, error):
     got, lines, _ = env.json(*argv, capfd=capfd)
