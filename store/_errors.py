@@ -82,6 +82,14 @@ class StoreFull(StoreError):
     traceback = False
 
 
+class StoreReadOnly(StoreError):
+    """The store at {path} is read-only ({reason}): it can be read (log, show, diff, status, fsck, gc --dry-run), but this command writes to it."""
+
+    code = "store-read-only"
+    errno = _errno.EROFS
+    traceback = False
+
+
 class BlobMissing(StoreError):
     """Blob {key} is missing from the store."""
 

@@ -80,13 +80,14 @@ The full path of a hashed key is kept in the value.
 
 from __future__ import annotations
 
+import os
 import struct
 
 import lmdb
 import msgpack
 import xxhash
 
-from ._errors import IndexCorrupt, SchemaTooNew, StoreError
+from ._errors import IndexCorrupt, SchemaTooNew, StoreError, StoreReadOnly
 
 SCHEMA_VERSION = 5
 SEALED_SINCE = 3
@@ -264,21 +265,31 @@ def turn_key(ws: int, session: str, turn: int) -> bytes:
     return _U32.pack(ws) + session.encode() + b"\0" + _U32.pack(turn)
 
 
-def open_env(index_dir: str, *, create: bool, sync: bool) -> tuple[lmdb.Environment, dict]:
+def open_env(index_dir: str, *, create: bool, sync: bool,
+             readonly: bool = False) -> tuple[lmdb.Environment, dict]:
     """Open the environment and every named database; check or write the schema version.
 
     Raises ``SchemaTooNew`` for a store written by a newer schema, ``StoreError`` when
-    the store does not exist and ``create`` is false.
+    the store does not exist and ``create`` is false.  *readonly*: for a store that
+    cannot be written (a read-only file system, no write permission): every write
+    transaction is then refused (``StoreReadOnly``), and a store that needs a schema
+    upgrade is refused at once.  On a read-only file system LMDB takes no reader lock:
+    nothing can write through that mount.
     """
     try:
         env = lmdb.open(
             index_dir, map_size=MAP_SIZE, max_dbs=len(DATABASES) + 4, subdir=True,
-            create=create, sync=sync, metasync=sync, readahead=False, max_readers=254,
-            mode=0o700,
+            create=create and not readonly, sync=sync, metasync=sync, readahead=False,
+            max_readers=254, mode=0o700, readonly=readonly,
         )
     except lmdb.Error as exc:
         raise StoreError(f"cannot open the index at {index_dir}: {exc}") from exc
     try:
+        if readonly:
+            dbs = {name.decode(): _open_db_readonly(env, name, index_dir)
+                   for name in DATABASES}
+            _check_version_readonly(env, dbs, index_dir)
+            return env, dbs
         # slots of readers whose process died would pin old pages and grow the file
         env.reader_check()
         dbs = {name.decode(): env.open_db(name) for name in DATABASES}
@@ -287,6 +298,33 @@ def open_env(index_dir: str, *, create: bool, sync: bool) -> tuple[lmdb.Environm
         env.close()
         raise
     return env, dbs
+
+
+def _open_db_readonly(env: lmdb.Environment, name: bytes, index_dir: str):
+    try:
+        return env.open_db(name, create=False)
+    except lmdb.NotFoundError:    # made by an older rewindfs: it needs writing first
+        raise _needs_upgrade(index_dir) from None
+
+
+def _needs_upgrade(index_dir: str) -> StoreReadOnly:
+    return StoreReadOnly(path=os.path.dirname(index_dir.rstrip("/")),
+                         reason="and made by an older rewindfs: it is upgraded when "
+                                "opened writable once")
+
+
+def _check_version_readonly(env: lmdb.Environment, dbs: dict, index_dir: str) -> None:
+    """``_check_version`` for a store that cannot be written: the version as it is."""
+    with env.begin(db=dbs["meta"]) as txn:
+        raw = txn.get(b"schema")
+    if raw is None:
+        raise StoreError(f"no store at {os.path.dirname(index_dir.rstrip('/'))} "
+                         "(its index has no schema)")
+    found = _version(raw)
+    if found < SCHEMA_VERSION:
+        raise _needs_upgrade(index_dir)
+    if found > SCHEMA_VERSION:
+        raise SchemaTooNew(path=index_dir, found=found, supported=SCHEMA_VERSION)
 
 
 def _check_version(env: lmdb.Environment, dbs: dict, index_dir: str) -> None:
@@ -298,10 +336,7 @@ def _check_version(env: lmdb.Environment, dbs: dict, index_dir: str) -> None:
             txn.put(b"next_epoch", dump(b"next_epoch", 1))
             txn.put(b"next_ws", dump(b"next_ws", 1))
             return
-        with decoding("meta", b"schema"):
-            found = unpack(raw)
-            if not isinstance(found, int) or isinstance(found, bool) or found < 1:
-                raise ValueError(found)
+        found = _version(raw)
         if found < SCHEMA_VERSION:
             # an older program must now refuse the store: it would take a compressed
             # entry for a missing blob file (2), a sealed value for garbage (3), a
@@ -312,6 +347,15 @@ def _check_version(env: lmdb.Environment, dbs: dict, index_dir: str) -> None:
             return
     if found > SCHEMA_VERSION:
         raise SchemaTooNew(path=index_dir, found=found, supported=SCHEMA_VERSION)
+
+
+def _version(raw) -> int:
+    """The schema number stored under ``meta/schema`` (``IndexCorrupt`` if it is none)."""
+    with decoding("meta", b"schema"):
+        found = unpack(raw)
+        if not isinstance(found, int) or isinstance(found, bool) or found < 1:
+            raise ValueError(found)
+    return found
 
 
 def _upgrade(txn, dbs: dict) -> None:

@@ -39,6 +39,11 @@ _registry: dict[tuple[int, str], list] = {}   # (pid, index realpath) -> [env, d
 _registry_lock = threading.Lock()
 
 
+def _cannot_write(index: str) -> bool:
+    """The index directory is on a read-only file system or not writable by us."""
+    return bool(os.statvfs(index).f_flag & os.ST_RDONLY) or not os.access(index, os.W_OK)
+
+
 class Store:
     """The on-disk store: LMDB index + content-addressed blobs (see docs/architecture.md)."""
 
@@ -72,7 +77,11 @@ class Store:
             with _registry_lock:
                 slot = _registry.get(key)
                 if slot is None:
-                    env, dbs = S.open_env(index, create=create, sync=sync)
+                    # a store that cannot be written is still read (git log in a
+                    # read-only clone): its writes are refused as StoreReadOnly
+                    readonly = not create and _cannot_write(index)
+                    env, dbs = S.open_env(index, create=create, sync=sync,
+                                          readonly=readonly)
                     slot = _registry[key] = [env, dbs, 0]
                 slot[2] += 1
         return cls(path, slot[0], slot[1], key)

@@ -23,7 +23,7 @@ import weakref
 
 import lmdb
 
-from ._errors import RewindfsError, StoreError, StoreFull
+from ._errors import RewindfsError, StoreError, StoreFull, StoreReadOnly
 
 _FULL_ERRNOS = {errno.ENOSPC, errno.EDQUOT}
 
@@ -54,6 +54,9 @@ def _store_error(exc: BaseException, env: lmdb.Environment | None) -> RewindfsEr
         return None
     if isinstance(exc, lmdb.MapFullError):
         return StoreFull("the index map is full")
+    if isinstance(exc, lmdb.ReadonlyError):     # a write to an index opened read-only
+        store = os.path.dirname(env.path().rstrip("/")) if env is not None else "?"
+        return StoreReadOnly(path=store, reason="opened for reading only")
     if isinstance(exc, lmdb.Error):
         # py-lmdb reports a failed write(2) as a plain Error carrying strerror
         text = str(exc)
@@ -65,6 +68,8 @@ def _store_error(exc: BaseException, env: lmdb.Environment | None) -> RewindfsEr
     if isinstance(exc, OSError):
         if exc.errno in _FULL_ERRNOS:
             return StoreFull(exc.strerror or "no space")
+        if exc.errno == errno.EROFS:
+            return StoreReadOnly(path=exc.filename or "?", reason=exc.strerror)
         return StoreError(f"{exc.strerror or exc}: {exc.filename or ''}")
     return None
 
