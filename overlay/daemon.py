@@ -75,6 +75,8 @@ class DaemonContext:
         self.fs = fs
         self.live = self
         self.mutation_lock = trio.Lock()
+        self.busy_with: str | None = None   # the long work under mutation_lock, if any
+        self.requests_running = 0           # control requests being served now
         self.shutdown = trio.Event()
         self.unmount_pending = False
         self._real_dev = os.fstat(root_fd).st_dev
@@ -275,7 +277,24 @@ async def _run(ctx, listener) -> None:
             nursery.start_soon(ctx.pushers.serve)
             await ctx.shutdown.wait()
             await ctx.pushers.finish(final_bound_s())   # done already after `unmount`
+            await _answer_running_requests(ctx)
             nursery.cancel_scope.cancel()
+
+
+_ANSWER_GRACE_S = 10.0
+
+
+async def _answer_running_requests(ctx) -> None:
+    """Before the daemon stops: a rewind, redo, gc or turn mark under way finishes
+    (its worker thread runs to the end whatever happens: only its answer could be
+    lost, and a person would not know whether the rewind happened), then the requests
+    being served get up to ``_ANSWER_GRACE_S`` to send their answers.  New requests are
+    refused meanwhile (``DaemonStopping``, control.server)."""
+    async with ctx.mutation_lock:
+        pass
+    with trio.move_on_after(_ANSWER_GRACE_S):
+        while ctx.requests_running:
+            await trio.sleep(0.01)
 
 
 def _recover_intent(root_fd: int, store, ws: int) -> None:

@@ -59,6 +59,24 @@ class MountFailed(RewindfsError):
     code = "mount-failed"
 
 
+class UnmountFailed(RewindfsError):
+    """Unmounting {path} failed: {reason}."""
+
+    code = "unmount-failed"
+
+
+class MutationRunning(RewindfsError):
+    """{path} was not unmounted: a {what} is under way in its daemon, and it cannot stop half-way. Unmount when it has finished (`rewindfs status` shows it), or detach anyway with `rewindfs unmount --lazy` (the {what} still finishes first)."""
+
+    code = "rewind-running"
+
+
+class DaemonStopping(RewindfsError):
+    """The daemon of {path} is stopping (an unmount or a stop signal); nothing was done."""
+
+    code = "daemon-stopping"
+
+
 class UnsafeRuntimeDir(RewindfsError):
     """Refusing the runtime directory {path}: {reason}. Remove it (or set XDG_RUNTIME_DIR to a private directory) and try again."""
 

@@ -31,8 +31,9 @@ from rewindfs.overlay.places import (check_mount_owner, check_place, check_works
                                      ensure_runtime_dir, is_inside, mount_answers, mount_users,
                                      open_log, resolve_store_path, rewindfs_mount_at)
 from rewindfs.overlay.errors import (AlreadyMounted, Interrupted, MountBusy, MountFailed,
-                                     NotMounted, OtherStoreMount, RemoteUnnamed,
-                                     SentThenInterrupted, StaleMount, UsageError)
+                                     MutationRunning, NotMounted, OtherStoreMount,
+                                     RemoteUnnamed, SentThenInterrupted, StaleMount,
+                                     UnmountFailed, UsageError)
 
 log = logging.getLogger(__name__)
 
@@ -172,6 +173,10 @@ def unmount_workspace(dir_path, store, *, lazy: bool = False,
         answer = client.call(control_socket_path(store, real), "unmount", {}, timeout=60)
         if reply is not None:
             reply.update(answer)
+    except MutationRunning:
+        if not lazy:     # the daemon said no: going round it would be no clean unmount
+            raise
+        _fusermount(real, lazy)    # the daemon still finishes the rewind, then stops
     except (OSError, RewindfsError) as exc:
         log.info("daemon did not answer (%s); using fusermount3 -u", exc)
         _fusermount(real, lazy)
@@ -179,7 +184,7 @@ def unmount_workspace(dir_path, store, *, lazy: bool = False,
     while find_rewindfs_mount(real):
         if time.monotonic() > deadline:
             if not lazy:
-                raise MountFailed(path=os.fsdecode(real), reason="still mounted (busy?)")
+                raise UnmountFailed(path=os.fsdecode(real), reason="still mounted (busy?)")
             _fusermount(real, lazy)
             break
         time.sleep(0.02)
@@ -192,7 +197,7 @@ def _fusermount(real: bytes, lazy: bool) -> None:
     res = subprocess.run(["fusermount3", "-uz" if lazy else "-u", os.fsdecode(real)],
                          check=False, capture_output=True, text=True)
     if res.returncode != 0 and find_rewindfs_mount(real):
-        raise MountFailed(path=os.fsdecode(real),
+        raise UnmountFailed(path=os.fsdecode(real),
                           reason=res.stderr.strip() or f"fusermount3 exited with {res.returncode}")
 
 

@@ -56,6 +56,9 @@ class DaemonHost(RewindHost, Protocol):
     """The daemon: a live mount, its socket, and the lock a turn mark and a rewind share."""
 
     mutation_lock: trio.Lock
+    busy_with: str | None     # "rewind", "redo" or "gc" while one runs under the lock
+    requests_running: int     # control requests being served (the server counts them)
+    shutdown: trio.Event      # set once the daemon is to stop
     workspace_path: bytes
     socket_path: bytes
     fs: object            # fs.ops.RewindOperations (not imported: control stays light)

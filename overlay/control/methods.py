@@ -28,7 +28,8 @@ from rewindfs.overlay.control.host import DaemonHost
 from rewindfs.overlay.control.rewind_methods import METHODS
 from rewindfs.overlay.control.wire import (VERSION, check_text, opt_str, parse_request,
                                            reply_error, reply_ok, req_int, req_str)
-from rewindfs.overlay.errors import BadParams, FdExhausted, ProtocolError, UnknownMethod
+from rewindfs.overlay.errors import (BadParams, FdExhausted, MutationRunning, ProtocolError,
+                                     UnknownMethod)
 from rewindfs.overlay.tree.fdbudget import EXHAUSTED
 
 log = logging.getLogger(__name__)
@@ -128,11 +129,21 @@ async def fork(ctx: DaemonHost, params: dict, emit) -> dict:
     return {}
 
 
+_MUTATION_WAIT_S = 2.0
+
+
 async def unmount(ctx: DaemonHost, params: dict, emit) -> dict:
-    # the last background push first (bounded), so the reply can say what is left
-    left = await ctx.pushers.finish(final_bound_s())
-    ctx.request_unmount()  # takes effect after this reply is sent
-    return {"push": left} if left else {}
+    """Refused while a rewind, redo or gc runs (``MutationRunning``): the daemon would
+    only stop after it anyway, and a person unmounting mid-rewind should know it is
+    still landing.  A turn mark (milliseconds) is waited for."""
+    with trio.move_on_after(_MUTATION_WAIT_S):
+        async with ctx.mutation_lock:
+            # the last background push first (bounded), so the reply can say what is left
+            left = await ctx.pushers.finish(final_bound_s())
+            ctx.request_unmount()  # takes effect after this reply is sent
+            return {"push": left} if left else {}
+    raise MutationRunning(path=os.fsdecode(ctx.workspace_path),
+                          what=ctx.busy_with or "rewind")
 
 
 TABLE = {

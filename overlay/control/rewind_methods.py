@@ -246,15 +246,19 @@ async def _handle(method: str, ctx: DaemonHost, params: dict, emit) -> dict:
     progress stream and the reply are sent after it is released, so a client that stops
     reading (a suspended ``rewindfs rewind``, a full pipe) holds up no turn mark and no
     other rewind — only its own connection, which ends when it hangs up."""
-    changes = method in ("rewind", "redo") and params.get("dry_run") is not True
+    real = params.get("dry_run") is not True
+    changes = method in ("rewind", "redo") and real     # changes the tree
 
     async def work(send) -> dict:
         async with ctx.mutation_lock:   # a turn mark waits for a running rewind
-            if changes:
-                await ctx.flush_writes()
+            if real and method in ("rewind", "redo", "gc"):
+                ctx.busy_with = method      # what an unmount meanwhile is told
             try:
+                if changes:
+                    await ctx.flush_writes()
                 result = await trio.to_thread.run_sync(SYNC[method], ctx, params, send)
             finally:
+                ctx.busy_with = None
                 if method in ("rewind", "redo", "gc"):
                     await trio.to_thread.run_sync(syscalls.malloc_trim)
             if changes:

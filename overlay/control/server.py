@@ -21,7 +21,8 @@ import trio
 
 from rewindfs.overlay.control import methods, wire
 from rewindfs.overlay.control.host import DaemonHost
-from rewindfs.overlay.errors import AlreadyMounted, FdExhausted, Forbidden, TooLarge
+from rewindfs.overlay.errors import (AlreadyMounted, DaemonStopping, FdExhausted, Forbidden,
+                                     ProtocolError, TooLarge)
 from rewindfs.overlay.places import ensure_runtime_dir, peer_uid
 from rewindfs.overlay.tree.fdbudget import EXHAUSTED
 
@@ -94,7 +95,15 @@ async def _read_requests(ctx: DaemonHost, stream) -> None:
                 continue
             if not line.strip():
                 continue
-            await methods.dispatch(ctx, line, stream.send_all)
+            if ctx.shutdown.is_set():    # nothing new starts while the daemon stops
+                await stream.send_all(wire.reply_error(
+                    _request_id(line), DaemonStopping(path=os.fsdecode(ctx.workspace_path))))
+                continue
+            ctx.requests_running += 1
+            try:
+                await methods.dispatch(ctx, line, stream.send_all)
+            finally:
+                ctx.requests_running -= 1
             if ctx.unmount_pending:
                 ctx.shutdown.set()
         if lines.pending() > wire.MAX_LINE:
@@ -102,6 +111,14 @@ async def _read_requests(ctx: DaemonHost, stream) -> None:
                 await stream.send_all(wire.reply_error(None, TooLarge()))
             skipping = True
             lines.clear()
+
+
+def _request_id(line: bytes):
+    """The id of a request line, to echo in a refusal (None if it cannot be read)."""
+    try:
+        return wire.parse_request(line)[0]
+    except ProtocolError as exc:
+        return exc.request_id
 
 
 _BACKOFF_S = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0)

@@ -335,3 +335,45 @@ def test_temp_names_in_a_journal_are_never_planned_or_restored(tmp_path):
         assert sorted(os.listdir(h.p(b"d"))) == [b"a"]
         with open(h.p(b"d/a"), "rb") as f:
             assert f.read() == b"v1"
+
+
+# -- stopping the daemon while a rewind lands -------------------------------------------
+
+def test_unmount_during_a_rewind_waits_for_it_or_is_refused_and_the_rewind_is_answered(tmp_path):
+    """``rewindfs unmount`` while a rewind was landing: the daemon stopped, the rewind
+    finished in its thread, and its client got "The daemon closed the connection before
+    answering" (daemon-gone, exit 2) for a rewind that had happened — the person could
+    not tell. Now the unmount is refused while a rewind or redo runs, naming it, and
+    the rewind's answer arrives; the unmount then goes through."""
+    from mountkit import cli
+    env, pause = pause_env(tmp_path)
+    with mounted(tmp_path / "ws", tmp_path / "store", env=env) as m:
+        e1 = history(m)
+        with Paused(m, pause, to=f"e{e1}") as run:
+            res = cli("--json", "unmount", m.ws, store=m.store, timeout=60)
+            assert res.returncode == 2, (res.returncode, res.stdout, res.stderr)
+            assert '"rewind-running"' in res.stdout, res.stdout
+            assert m.proc.poll() is None and os.path.ismount(m.ws)
+        out = run.result()
+        assert out["failed"] == [] and out["epoch"] > e1
+        res = cli("unmount", m.ws, store=m.store, timeout=60)
+        assert res.returncode == 0, res.stderr
+        assert m.proc.wait(timeout=60) == 0
+    assert sorted(os.listdir(tmp_path / "ws" / "victim"))[0] == "f000"
+    assert (tmp_path / "ws" / "victim" / "f000").read_bytes() == b"old 0\n"
+
+
+def test_a_stop_signal_during_a_rewind_lets_it_answer_first(tmp_path):
+    """SIGTERM to the daemon (a supervisor stopping it) while a rewind lands: the rewind
+    (which cannot stop half-way) finishes and is answered before the daemon exits."""
+    import signal
+    env, pause = pause_env(tmp_path)
+    with mounted(tmp_path / "ws", tmp_path / "store", env=env) as m:
+        e1 = history(m)
+        with Paused(m, pause, to=f"e{e1}") as run:
+            m.proc.send_signal(signal.SIGTERM)
+            time.sleep(0.3)          # the daemon has seen it while the rewind waits
+        out = run.result()
+        assert out["failed"] == [] and out["epoch"] > e1
+        assert m.proc.wait(timeout=60) == 0
+    assert (tmp_path / "ws" / "victim" / "f000").read_bytes() == b"old 0\n"
