@@ -506,8 +506,11 @@ def cmd_status(args, out) -> int:
                      f'under the mount; their writes are not captured (cd "$PWD")')
         for w in res.get("late_writes", []):
             out.warn(late_write_text(w))
-        if res.get("intent"):   # a live daemon finished any older one when it mounted
-            out.say(f"  a rewind is running (epoch e{res['epoch']}); turn marks wait for it")
+        if res.get("intent") or res.get("busy"):   # a live daemon finished any older
+            # intent when it mounted: one now is the running rewind's
+            what = res.get("busy") or "rewind"
+            out.say(f"  a {what} is running (epoch e{res['epoch']}); turn marks wait for "
+                    "it, an unmount is refused until it ends")
     _warn_all(out, res)
     return 0
 

@@ -109,6 +109,8 @@ async def status(ctx: DaemonHost, params: dict, emit) -> dict:
     intent = ctx.store.get_intent(ctx.ws)
     if intent:
         out["intent"] = True
+    if ctx.busy_with:      # a rewind, redo or gc under way (an unmount is refused)
+        out["busy"] = ctx.busy_with
     out["push"] = ctx.pushers.status()
     if params.get("usage") is True:   # on request (rewindfs status): a pass over the
         # epochs and a stat per blob file — off the FUSE thread

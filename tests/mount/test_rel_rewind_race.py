@@ -354,7 +354,9 @@ def test_unmount_during_a_rewind_waits_for_it_or_is_refused_and_the_rewind_is_an
             assert res.returncode == 2, (res.returncode, res.stdout, res.stderr)
             assert '"rewind-running"' in res.stdout, res.stdout
             assert m.proc.poll() is None and os.path.ismount(m.ws)
+            assert m.call("status")["busy"] == "rewind"     # what status says meanwhile
         out = run.result()
+        assert "busy" not in m.call("status")
         assert out["failed"] == [] and out["epoch"] > e1
         res = cli("unmount", m.ws, store=m.store, timeout=60)
         assert res.returncode == 0, res.stderr
