@@ -379,3 +379,20 @@ def test_a_stop_signal_during_a_rewind_lets_it_answer_first(tmp_path):
         assert out["failed"] == [] and out["epoch"] > e1
         assert m.proc.wait(timeout=60) == 0
     assert (tmp_path / "ws" / "victim" / "f000").read_bytes() == b"old 0\n"
+
+
+def test_a_lazy_unmount_during_a_rewind_detaches_and_the_rewind_still_answers(tmp_path):
+    """``unmount --lazy`` (detach anyway) while a rewind lands: the mount goes at once,
+    the daemon still finishes the rewind and answers it, then exits."""
+    from mountkit import cli
+    env, pause = pause_env(tmp_path)
+    with mounted(tmp_path / "ws", tmp_path / "store", env=env) as m:
+        e1 = history(m)
+        with Paused(m, pause, to=f"e{e1}") as run:
+            res = cli("unmount", "--lazy", m.ws, store=m.store, timeout=60)
+            assert res.returncode == 0, res.stderr
+            assert not os.path.ismount(m.ws)
+        out = run.result()
+        assert out["failed"] == [] and out["epoch"] > e1
+        assert m.proc.wait(timeout=60) == 0
+    assert (tmp_path / "ws" / "victim" / "f000").read_bytes() == b"old 0\n"
