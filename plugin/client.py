@@ -159,6 +159,8 @@ class _Calls:
         return self._run("gc", policy, dict)
 
     def unmount(self) -> None:
+        """Ask the daemon to unmount; refused with ``rewind-running`` while a rewind,
+        redo or gc runs (ask again when ``status()`` has no ``busy``)."""
         return self._run("unmount", None, _nothing)
 
 
