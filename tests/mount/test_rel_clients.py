@@ -81,7 +81,7 @@ def _ctrl_c_while_paused(m, pause: Path, *args) -> Terminal:
         # what the last line promises: status shows the rewind still running
         shown = cli("status", "-C", m.ws, store=m.store)
         assert shown.returncode == 0, shown.stderr
-        assert "a rewind is running" in shown.stdout, shown.stdout
+        assert f"a {args[0]} is running" in shown.stdout, shown.stdout
     finally:
         try:
             pause.unlink()                          # let the landing go on

@@ -177,7 +177,7 @@ def test_wrong_parameter_types(daemon, call, rid):
     reply = _error(client.ask(_req(method, params, rid)))
     assert reply in ("bad-params", "path-escape", "relative-point", "unknown-point",
                      "bad-point", "bad-path", "ambiguous-point", "bad-session",
-                     "session-conflict"), (method, params, reply)
+                     "session-conflict", "not-a-file"), (method, params, reply)
 
 
 def test_edge_messages(daemon):
