@@ -313,7 +313,7 @@ def cmd_run(args, out) -> int:
         raise UsageError("rewindfs run: name a command to run (rewindfs run -- CMD …)")
     store = resolve_store_path(args.store)
     ws_dir = args.workspace or "."
-    cwd = os.getcwd()  # a path string: resolving it again after the mount re-enters it
+    cwd = _run_dir(ws_dir)
     problem = _start_problem(cmd[0], cwd)
     if problem is not None:    # found out before anything is mounted or recorded
         return _not_started(out, cmd, cwd, *problem)
@@ -372,6 +372,17 @@ def _run_in_foreground(cmd: list[str], cwd: str, out) -> int:
         for sig, handler in old.items():
             signal.signal(sig, handler)
     return 128 - status if status < 0 else status
+
+
+def _run_dir(ws_dir: str) -> str:
+    """Where CMD runs: the current directory when it is inside the workspace, else the
+    workspace (``run -C DIR`` from elsewhere, as ``git -C``) — inside the mount either
+    way, or nothing it writes would be seen.  A path string: resolving it again after
+    the mount re-enters the directory through it."""
+    cwd = os.getcwd()
+    if is_inside(os.path.realpath(os.fsencode(cwd)), os.path.realpath(os.fsencode(ws_dir))):
+        return cwd
+    return os.path.abspath(ws_dir)
 
 
 def _start_problem(cmd0: str, cwd: str) -> tuple[int, str] | None:
@@ -630,7 +641,9 @@ def register(sub) -> None:
 
     p = sub.add_parser("run", help="mount, run CMD inside, unmount; exit with CMD's code",
                        description="Mount the workspace, run CMD inside it as a shell runs "
-                       "a foreground job, unmount.  The exit status is CMD's (128+N when "
+                       "a foreground job, unmount.  CMD runs in the current directory when "
+                       "it is inside the workspace, else in the workspace (-C DIR from "
+                       "elsewhere).  The exit status is CMD's (128+N when "
                        "signal N ended it, 127 not found, 126 not executable).  Ctrl-C "
                        "reaches CMD and run waits for it to finish; SIGTERM and SIGHUP "
                        "sent to run are passed on to CMD.")

@@ -147,6 +147,25 @@ def test_run_mounts_runs_inside_and_unmounts(dirs):
         assert s.fsck().ok
 
 
+def test_run_with_a_workspace_elsewhere_runs_the_command_in_it(dirs):
+    """``rewindfs run -C ~/proj -- make`` from another directory mounted ~/proj and ran
+    ``make`` where the shell stood, outside the mount: nothing it wrote was seen, and
+    the workspace was mounted for nothing. Run from outside the workspace, the
+    command runs in it (as ``git -C``, ``make -C``); from inside, where it stands."""
+    ws, store = dirs
+    elsewhere = ws.parent / "elsewhere"
+    elsewhere.mkdir()
+    script = "import os; open('made', 'w').write('x'); print(os.getcwd())"
+    res = cli("run", "-C", ws, "--", PYTHON, "-c", script, store=store, cwd=elsewhere)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split()[-1] == os.path.realpath(ws), res.stdout
+    assert (ws / "made").read_text() == "x" and not (elsewhere / "made").exists()
+    from rewindfs.store import Store
+    with Store.open(store) as s:
+        wsid = s.workspace(os.fsencode(os.path.realpath(ws)))
+        assert b"made" in [p for e in s.epochs(wsid) for p, _ in s.journal(wsid, e.id)]
+
+
 def test_run_exits_as_a_shell_does_when_its_command_dies_of_a_signal(dirs):
     """A command killed by SIGTERM made ``rewindfs run`` exit 241 (Python's -15, cut to
     a byte); a shell, ``env`` or ``time`` say 143 = 128 + 15."""
