@@ -71,3 +71,4 @@ async def redo_state(ctx: RewindHost, params: dict, emit) -> dict:
 
 
 METHODS = {"history": history, "redo.state": redo_state}
+PARAMS = {"history": ("session",), "redo.state": ("session",)}   # control.methods checks

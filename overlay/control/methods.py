@@ -22,10 +22,9 @@ import trio
 
 from rewindfs.store._errors import InternalError, RewindfsError
 
-from rewindfs.overlay.control import history, remote_methods
+from rewindfs.overlay.control import history, remote_methods, rewind_methods
 from rewindfs.overlay.control.autopush import final_bound_s
 from rewindfs.overlay.control.host import DaemonHost
-from rewindfs.overlay.control.rewind_methods import METHODS
 from rewindfs.overlay.control.wire import (VERSION, check_text, opt_str, parse_request,
                                            reply_error, reply_ok, req_int, req_str)
 from rewindfs.overlay.errors import (BadParams, FdExhausted, MutationRunning, ProtocolError,
@@ -156,14 +155,14 @@ TABLE = {
     "fork": fork,
     "unmount": unmount,
 }
-TABLE.update(METHODS)
+TABLE.update(rewind_methods.METHODS)
 TABLE.update(history.METHODS)
 TABLE.update(remote_methods.METHODS)
 
-# The parameters each method takes; any other is refused (bad-params) before the method
-# runs.  Why: an unknown one used to be ignored, and a safety flag lost on the way —
-# misspelt (``dryRun``) or sent by a newer client to an older daemon (``gc``'s
-# ``dry_run``) — became a change nobody asked for.
+# The parameters each method takes, declared by the module that serves it; any other is
+# refused (bad-params) before the method runs.  Why: an unknown one used to be
+# ignored, and a safety flag lost on the way — misspelt (``dryRun``) or sent by a newer
+# client to an older daemon (``gc``'s ``dry_run``) — became a change nobody asked for.
 PARAMS: dict[str, frozenset[str]] = {name: frozenset(names) for name, names in {
     "turn.begin": ("session", "turn", "label", "force"),
     "turn.end": ("session",),
@@ -171,15 +170,7 @@ PARAMS: dict[str, frozenset[str]] = {name: frozenset(names) for name, names in {
     "points": ("session",),
     "fork": ("child", "parent", "boundary_turn"),
     "unmount": (),
-    "history": ("session",),
-    "redo.state": ("session",),
-    "rewind": ("to", "session", "paths", "dry_run", "force", "undo_for"),
-    "redo": ("session", "dry_run", "force"),
-    "diff": ("a", "b", "paths", "session"),
-    "show": ("point", "path", "session", "stream"),
-    "gc": ("grace_s", "keep_epochs", "max_age_s", "max_bytes", "drop_redo", "dry_run"),
-    "push": ("remote", "session", "wait"),
-    "remote.learn": ("remote", "session", "workspace"),
+    **rewind_methods.PARAMS, **history.PARAMS, **remote_methods.PARAMS,
 }.items()}
 
 

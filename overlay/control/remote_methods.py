@@ -118,3 +118,5 @@ async def remote_learn(ctx: DaemonHost, params: dict, emit) -> dict:
 
 
 METHODS = {"push": push, "remote.learn": remote_learn}
+PARAMS = {"push": ("remote", "session", "wait"),        # control.methods checks them
+          "remote.learn": ("remote", "session", "workspace")}

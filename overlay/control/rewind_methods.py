@@ -338,3 +338,11 @@ async def _streaming(work, emit) -> dict:
 
 METHODS = {name: functools.partial(_handle, name) for name in SYNC}
 METHODS["show"] = _show
+# the parameters each method reads (control.methods refuses any other)
+PARAMS = {
+    "rewind": ("to", "session", "paths", "dry_run", "force", "undo_for"),
+    "redo": ("session", "dry_run", "force"),
+    "diff": ("a", "b", "paths", "session"),
+    "show": ("point", "path", "session", "stream"),
+    "gc": ("grace_s", "keep_epochs", "max_age_s", "max_bytes", "drop_redo", "dry_run"),
+}
