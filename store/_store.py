@@ -53,6 +53,8 @@ class Store:
         self._pid = os.getpid()
         self._closed = False
         self._real = os.fsencode(os.path.realpath(path))
+        # opened for reading only (a store that cannot be written: Store.open)
+        self.readonly = bool(env.flags()["readonly"])
         self.blobs = BlobArea(env, db["blobs"], str(path / "blobs"))
 
     # -- lifecycle ------------------------------------------------------------------

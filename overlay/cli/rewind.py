@@ -124,10 +124,12 @@ def open_workspace(args, out, *, finish=None):
 def _offline(store_path, start: bytes, out, finish):
     # The store and the engine load here, not with the CLI: a command that a daemon
     # serves (most of them, most of the time) never needs them.
-    from rewindfs.store import Store
+    from rewindfs.store import Store, StoreReadOnly
     from rewindfs.overlay.rewind.engine import recover
     real = os.path.realpath(start)
     with Store.open(store_path, create=False) as store:
+        if finish is not None and store.readonly:   # before a plan is shown for nothing
+            raise StoreReadOnly(path=str(store_path), reason="opened for reading only")
         found = store.workspace_containing(real)
         if found is None:
             raise NotAWorkspace(path=os.fsdecode(real), store=str(store_path))

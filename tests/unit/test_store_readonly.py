@@ -45,5 +45,6 @@ def test_a_read_only_store_can_be_read(ro_env, capfd, argv, shows):
 def test_a_write_to_a_read_only_store_is_refused_and_changes_nothing(ro_env, capfd, argv):
     code, lines, _ = ro_env.json(*argv, capfd=capfd)
     assert code == 2 and lines[-1]["code"] == "store-read-only", lines
+    assert len(lines) == 1, lines      # refused first: no plan shown for a rewind not made
     assert "read-only" in lines[-1]["message"]
     assert compare(ro_env.snap_end, snapshot(ro_env.root)) == []
