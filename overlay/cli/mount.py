@@ -80,11 +80,7 @@ def spawn_daemon(dir_path, store, *, recover: bool = False, session_kind=None,
     """Fork a daemon for *dir_path*; return its pid once it is mounted, or raise its
     startup error.  *session_kind*: the FUSE session layer (None: the default);
     *auto*: the remote to push to after every turn end (``mount --auto``)."""
-    if recover:   # a stale mount cannot be stat-ed: the daemon detaches it, then checks
-        real = os.path.realpath(os.fsencode(dir_path))
-        check_place(real, store)
-    else:
-        real = check_workspace(dir_path, store)
+    real = _checked_workspace(dir_path, store, recover)
     logfile = _log_path(store, real)
     ensure_runtime_dir(os.path.dirname(logfile))   # refused here: nothing written yet
     log_fd = open_log(logfile)                       # never through a symlink
@@ -104,6 +100,15 @@ def spawn_daemon(dir_path, store, *, recover: bool = False, session_kind=None,
         raise MountFailed(path=os.fsdecode(dir_path),
                           reason=f"the daemon exited early; see {os.fsdecode(logfile)}")
     raise wire.error_from_dict(json.loads(line))
+
+
+def _checked_workspace(dir_path, store, recover: bool) -> bytes:
+    """The real path of a workspace this mount may take, else its refusal."""
+    if recover:   # a stale mount cannot be stat-ed: the daemon detaches it, then checks
+        real = os.path.realpath(os.fsencode(dir_path))
+        check_place(real, store)
+        return real
+    return check_workspace(dir_path, store)
 
 
 def _daemon_child(dir_path, store, recover, w, log_fd, session_kind=None, auto=None) -> int:
@@ -217,6 +222,11 @@ def cmd_mount(args, out) -> int:
     store = resolve_store_path(args.store)
     real = os.path.realpath(os.fsencode(args.dir))
     cwd = os.path.realpath(os.getcwd().encode())
+    # Refusals first: "finishing an interrupted rewind" said before a mount that is then
+    # refused (a dead daemon's mount, a live one) would announce what does not happen.
+    _checked_workspace(args.dir, store, args.recover)
+    if find_rewindfs_mount(real) and not args.recover:
+        raise AlreadyMounted(path=os.fsdecode(real))
     _say_pending_intent(store, real, out)
     auto = _auto_remote(store, args.auto)   # refused here: nothing mounted
     if args.foreground:

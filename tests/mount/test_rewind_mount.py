@@ -199,6 +199,42 @@ def test_killed_daemon_mid_rewind_is_finished_at_the_next_mount(tmp_path):
         assert compare(before, snapshot(ws)) == []
 
 
+def test_a_refused_mount_over_a_dead_daemon_says_nothing_of_finishing(tmp_path):
+    """After the daemon died mid-rewind, a plain ``rewindfs mount`` on the dead mount is
+    refused (``stale-mount``): it must not first announce that it finishes the rewind,
+    which it then does not do.  ``mount --recover`` says so and does it."""
+    from mountkit import cli
+    from relkit import ensure_unmounted, kill_background, stop_background
+    ws, store = tmp_path / "ws", tmp_path / "store"
+    pid = None
+    try:
+        with mounted(ws, store, env={"REWINDFS_FAULT_AFTER": "4"}, require_clean=False) as m:
+            for i in range(6):
+                (ws / f"f{i}").write_bytes(b"old %d\n" % i)
+            e1 = m.call("turn.begin", session="s1", turn=1, label="t")["epoch"]
+            target = snapshot(ws)
+            for i in range(6):
+                (ws / f"f{i}").write_bytes(b"new %d\n" % i)
+            m.call("turn.end")
+            res = cli("rewind", f"e{e1}", "-C", ws, store=store, timeout=120)
+            assert res.returncode == 2, res.stderr          # the daemon is gone
+            m.proc.wait(timeout=60)
+            assert m.proc.returncode == -9
+            res = cli("mount", ws, store=store, timeout=60)
+            assert res.returncode == 2 and "(stale-mount)" in res.stderr, res.stderr
+            assert "finishing" not in res.stderr, res.stderr
+            res = cli("mount", "--recover", ws, store=store, timeout=120)
+            assert res.returncode == 0, res.stderr
+            assert res.stderr.splitlines()[0] == "warning: finishing an interrupted rewind first"
+            pid = json.loads(cli("status", "--json", "-C", ws, store=store).stdout)["pid"]
+            assert compare(target, snapshot(ws)) == []
+            stop_background(ws, store, pid)
+            pid = None
+    finally:
+        kill_background(pid)
+        ensure_unmounted(ws)
+
+
 def test_cli_through_the_daemon(tmp_path):
     from mountkit import cli
     ws, store = tmp_path / "ws", tmp_path / "store"
