@@ -199,6 +199,12 @@ class DaemonGone(ProtocolError):
     code = "daemon-gone"
 
 
+class DaemonDied(RewindfsError):
+    """The daemon serving {path} died during the {method}: {state}; `rewindfs mount --recover {path}` {then}."""
+
+    code = "daemon-died"
+
+
 class BadReply(ProtocolError):
     """Bad reply from the daemon: {reason}."""
 

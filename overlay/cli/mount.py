@@ -37,7 +37,8 @@ from rewindfs.overlay.errors import (AlreadyMounted, Interrupted, MountBusy, Mou
 
 log = logging.getLogger(__name__)
 
-__all__ = ["HANDLERS", "find_daemon", "register", "spawn_daemon", "unmount_workspace"]
+__all__ = ["HANDLERS", "find_daemon", "intent_pending", "register", "spawn_daemon",
+           "unmount_workspace"]
 
 _UNMOUNT_WAIT_S = 30.0
 
@@ -275,18 +276,25 @@ def _auto_remote(store_path, name) -> str | None:
         return default_remote(store, name or None)
 
 
-def _say_pending_intent(store_path, real: bytes, out) -> None:
-    """Say so before the daemon finishes an interrupted rewind (it does, before it
-    serves): only ``mount``, ``rewind`` and ``redo`` write to the tree for it."""
+def intent_pending(store_path, real: bytes) -> bool | None:
+    """Whether the workspace rooted at *real* has an interrupted rewind's intent (written
+    before its first change, so: whether its tree is half-way); None if the store
+    cannot be read."""
     from rewindfs.store import Store, StoreError
     try:
         with Store.open(store_path, create=False) as store:
             found = store.workspace_containing(real)
-            pending = found is not None and found[1] == real and \
+            return found is not None and found[1] == real and \
                 store.get_intent(found[0]) is not None
     except (StoreError, OSError):
-        return          # no store yet, or unreadable: the daemon will say why
-    if pending:
+        return None
+
+
+def _say_pending_intent(store_path, real: bytes, out) -> None:
+    """Say so before the daemon finishes an interrupted rewind (it does, before it
+    serves): only ``mount``, ``rewind`` and ``redo`` write to the tree for it.  An
+    unreadable store says nothing here: the daemon will say why."""
+    if intent_pending(store_path, real):
         out.warn(INTENT_FINISHING)
 
 

@@ -35,9 +35,10 @@ from rewindfs.store._errors import PathEscape, RewindfsError
 from rewindfs.overlay import errors
 from rewindfs.overlay.cli import graph, options
 from rewindfs.overlay.cli import render as V
-from rewindfs.overlay.cli.mount import find_daemon
+from rewindfs.overlay.cli.mount import find_daemon, intent_pending
 from rewindfs.overlay.control import client
-from rewindfs.overlay.errors import Interrupted, NotAWorkspace, NotMounted, StaleMount
+from rewindfs.overlay.errors import (DaemonDied, DaemonGone, Interrupted, NotAWorkspace,
+                                     NotMounted, StaleMount)
 from rewindfs.overlay.places import find_rewindfs_mount, is_inside, resolve_store_path
 
 if typing.TYPE_CHECKING:
@@ -215,11 +216,30 @@ def _rewind_like(args, out, method: str, params: dict) -> int:
                         view.event, lands_here=not ws.mounted))
             except KeyboardInterrupt:
                 raise guard.interrupted(mounted=ws.mounted) from None
+            except DaemonGone:
+                if args.dry_run:
+                    raise
+                raise _died(ws.root, args.store, method) from None
             view.finish(result)
         if guard.pressed:
             raise Interrupted(f"interrupted: the {method} was finished first (it cannot "
                               "stop half-way); the tree is the state it restored")
     return 1 if result.get("failed") else 0
+
+
+def _died(root: bytes, store_arg, method: str) -> DaemonDied:
+    """What a daemon that died under a rewind or redo leaves: its intent says whether
+    the tree is half-way."""
+    path, halfway = os.fsdecode(root), intent_pending(resolve_store_path(store_arg), root)
+    if halfway is None:
+        return DaemonDied(path=path, method=method, state="whether it began is unknown",
+                          then="finishes it if it did, and serves the workspace again")
+    if halfway:
+        return DaemonDied(path=path, method=method,
+                          state="the tree is half-way through it",
+                          then="finishes it first, then serves the workspace again")
+    return DaemonDied(path=path, method=method, state="it changed nothing",
+                      then="serves the workspace again")
 
 
 class _Landing:

@@ -199,8 +199,9 @@ def test_killed_daemon_mid_rewind_is_finished_at_the_next_mount(tmp_path):
         assert compare(before, snapshot(ws)) == []
 
 
-def test_a_refused_mount_over_a_dead_daemon_says_nothing_of_finishing(tmp_path):
-    """After the daemon died mid-rewind, a plain ``rewindfs mount`` on the dead mount is
+def test_a_daemon_dead_mid_rewind_is_named_and_a_refused_mount_says_nothing_of_finishing(tmp_path):
+    """The daemon dies mid-rewind: its client says the tree is half-way and names
+    ``mount --recover``.  A plain ``rewindfs mount`` on the dead mount is then
     refused (``stale-mount``): it must not first announce that it finishes the rewind,
     which it then does not do.  ``mount --recover`` says so and does it."""
     from mountkit import cli
@@ -217,7 +218,10 @@ def test_a_refused_mount_over_a_dead_daemon_says_nothing_of_finishing(tmp_path):
                 (ws / f"f{i}").write_bytes(b"new %d\n" % i)
             m.call("turn.end")
             res = cli("rewind", f"e{e1}", "-C", ws, store=store, timeout=120)
-            assert res.returncode == 2, res.stderr          # the daemon is gone
+            # the daemon is gone: the client says what that leaves and what to run
+            assert res.returncode == 2 and "(daemon-died)" in res.stderr, res.stderr
+            assert "half-way" in res.stderr, res.stderr
+            assert f"rewindfs mount --recover {ws}" in res.stderr, res.stderr
             m.proc.wait(timeout=60)
             assert m.proc.returncode == -9
             res = cli("mount", ws, store=store, timeout=60)
