@@ -90,6 +90,14 @@ class StoreReadOnly(StoreError):
     traceback = False
 
 
+class StoreForeign(StoreError):
+    """The store at {path} belongs to uid {owner}: using it, even to read, needs write access to its lock file {lock} (LMDB's readers register there), which uid {uid} has not; run as its owner, or read a copy of it."""
+
+    code = "store-foreign"
+    errno = _errno.EACCES
+    traceback = False
+
+
 class BlobMissing(StoreError):
     """Blob {key} is missing from the store."""
 

@@ -87,7 +87,7 @@ import lmdb
 import msgpack
 import xxhash
 
-from ._errors import IndexCorrupt, SchemaTooNew, StoreError, StoreReadOnly
+from ._errors import IndexCorrupt, SchemaTooNew, StoreError, StoreForeign, StoreReadOnly
 
 SCHEMA_VERSION = 5
 SEALED_SINCE = 3
@@ -283,6 +283,7 @@ def open_env(index_dir: str, *, create: bool, sync: bool,
             max_readers=254, mode=0o700, readonly=readonly,
         )
     except lmdb.Error as exc:
+        _refuse_foreign(index_dir)
         raise StoreError(f"cannot open the index at {index_dir}: {exc}") from exc
     try:
         if readonly:
@@ -300,6 +301,23 @@ def open_env(index_dir: str, *, create: bool, sync: bool,
     return env, dbs
 
 
+def store_of(index_dir: str) -> str:
+    """The store directory of an index directory (``…/store/index`` → ``…/store``)."""
+    return os.path.dirname(index_dir.rstrip("/"))
+
+
+def _refuse_foreign(index_dir: str) -> None:
+    """``StoreForeign`` if the index's lock file is there but not ours to write: even a
+    reader must register in it (LMDB takes no lock only on a read-only file system)."""
+    lock = os.path.join(index_dir, "lock.mdb")
+    try:
+        owner = os.stat(lock).st_uid
+    except OSError:
+        return
+    if not os.access(lock, os.W_OK):
+        raise StoreForeign(path=store_of(index_dir), owner=owner, lock=lock, uid=os.getuid())
+
+
 def _open_db_readonly(env: lmdb.Environment, name: bytes, index_dir: str):
     try:
         return env.open_db(name, create=False)
@@ -308,7 +326,7 @@ def _open_db_readonly(env: lmdb.Environment, name: bytes, index_dir: str):
 
 
 def _needs_upgrade(index_dir: str) -> StoreReadOnly:
-    return StoreReadOnly(path=os.path.dirname(index_dir.rstrip("/")),
+    return StoreReadOnly(path=store_of(index_dir),
                          reason="and made by an older rewindfs: it is upgraded when "
                                 "opened writable once")
 
@@ -318,7 +336,7 @@ def _check_version_readonly(env: lmdb.Environment, dbs: dict, index_dir: str) ->
     with env.begin(db=dbs["meta"]) as txn:
         raw = txn.get(b"schema")
     if raw is None:
-        raise StoreError(f"no store at {os.path.dirname(index_dir.rstrip('/'))} "
+        raise StoreError(f"no store at {store_of(index_dir)} "
                          "(its index has no schema)")
     found = _version(raw)
     if found < SCHEMA_VERSION:

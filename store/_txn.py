@@ -24,6 +24,7 @@ import weakref
 import lmdb
 
 from ._errors import RewindfsError, StoreError, StoreFull, StoreReadOnly
+from ._schema import store_of
 
 _FULL_ERRNOS = {errno.ENOSPC, errno.EDQUOT}
 
@@ -55,7 +56,7 @@ def _store_error(exc: BaseException, env: lmdb.Environment | None) -> RewindfsEr
     if isinstance(exc, lmdb.MapFullError):
         return StoreFull("the index map is full")
     if isinstance(exc, lmdb.ReadonlyError):     # a write to an index opened read-only
-        store = os.path.dirname(env.path().rstrip("/")) if env is not None else "?"
+        store = store_of(env.path()) if env is not None else "?"
         return StoreReadOnly(path=store, reason="opened for reading only")
     if isinstance(exc, lmdb.Error):
         # py-lmdb reports a failed write(2) as a plain Error carrying strerror

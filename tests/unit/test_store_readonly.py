@@ -6,10 +6,12 @@ Read-only file system" for every command."""
 
 from __future__ import annotations
 
+import pathlib
 import subprocess
 
 import pytest
 
+from mountkit import ROOT
 from tmpfskit import small_tmpfs
 from test_rewind_cli import Env
 from treesnap import compare, snapshot
@@ -48,3 +50,45 @@ def test_a_write_to_a_read_only_store_is_refused_and_changes_nothing(ro_env, cap
     assert len(lines) == 1, lines      # refused first: no plan shown for a rewind not made
     assert "read-only" in lines[-1]["message"]
     assert compare(ro_env.snap_end, snapshot(ro_env.root)) == []
+
+
+NOBODY = 65534
+
+
+def test_another_users_store_is_refused_clearly_and_left_as_it_is(tmp_path):
+    """A store its owner made readable to others (a shared backup, a colleague's
+    history): LMDB's readers register in ``index/lock.mdb``, which the reader cannot
+    write.  It used to be "cannot open the index …: Permission denied" for every
+    command; now it says whose store it is and what to do, and writes nothing."""
+    import json
+    import os
+    import shutil
+    import sys
+    import tempfile
+    base = tempfile.mkdtemp(prefix="rewindfs-foreign-", dir=os.environ.get("TMPDIR"))
+    try:
+        os.chmod(base, 0o755)
+        e = Env(pathlib.Path(base))
+        e.history()
+        for dirpath, dirs, files in os.walk(base):
+            for name in dirs + files:
+                p = os.path.join(dirpath, name)
+                os.chmod(p, os.stat(p).st_mode | (0o005 if name in dirs else 0o004))
+        lock = e.store_path / "index" / "lock.mdb"
+        before = {p: (p.stat().st_mtime_ns, p.read_bytes())
+                  for p in (lock, e.store_path / "index" / "data.mdb")}
+        for argv in (["fsck"], ["log", "-C", str(e.root)]):
+            res = subprocess.run(
+                ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
+                 sys.executable, "-m", "rewindfs.overlay.cli", "--json",
+                 "--store", str(e.store_path), *argv],
+                cwd="/", capture_output=True, text=True, timeout=60,
+                env={"PATH": os.environ["PATH"], "PYTHONPATH": str(ROOT),
+                     "HOME": "/nonexistent", "LANG": "C.UTF-8"})
+            assert res.returncode == 2, (argv, res.stdout, res.stderr)
+            record = json.loads(res.stdout.splitlines()[-1])
+            assert record["code"] == "store-foreign", record
+            assert "uid 0" in record["message"] and "lock.mdb" in record["message"], record
+        assert {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in before} == before
+    finally:
+        shutil.rmtree(base)
