@@ -179,6 +179,15 @@ def unmount_workspace(dir_path, store, *, lazy: bool = False,
         answer = client.call(control_socket_path(store, real), "unmount", {}, timeout=60)
         if reply is not None:
             reply.update(answer)
+    except SentThenInterrupted:
+        # the daemon acts on a request it got, with or without its client
+        raise Interrupted("interrupted after the daemon got the unmount: it unmounts "
+                          "without us once no rewind, redo or gc runs (it waits a "
+                          "moment, else refuses); `rewindfs status` shows whether it is "
+                          "still mounted") from None
+    except KeyboardInterrupt:
+        raise Interrupted("interrupted before the unmount was sent; nothing "
+                          "changed") from None
     except MutationRunning:
         if not lazy:     # the daemon said no: going round it would be no clean unmount
             raise
@@ -186,6 +195,16 @@ def unmount_workspace(dir_path, store, *, lazy: bool = False,
     except (OSError, RewindfsError) as exc:
         log.info("daemon did not answer (%s); using fusermount3 -u", exc)
         _fusermount(real, lazy)
+    try:
+        _wait_gone(real, lazy)
+    except KeyboardInterrupt:
+        raise Interrupted("interrupted: the mount is being taken down without us; "
+                          "`rewindfs status` shows when it is gone") from None
+    return ("detached" if users else "unmounted"), users
+
+
+def _wait_gone(real: bytes, lazy: bool) -> None:
+    """Until the mount is gone (``UnmountFailed`` after a while; *lazy*: detach it)."""
     deadline = time.monotonic() + _UNMOUNT_WAIT_S
     while find_rewindfs_mount(real):
         if time.monotonic() > deadline:
@@ -194,7 +213,6 @@ def unmount_workspace(dir_path, store, *, lazy: bool = False,
             _fusermount(real, lazy)
             break
         time.sleep(0.02)
-    return ("detached" if users else "unmounted"), users
 
 
 def _fusermount(real: bytes, lazy: bool) -> None:

@@ -55,6 +55,32 @@ def _turn_rewriting_all(m, n: int = N) -> int:
     return epoch
 
 
+def test_ctrl_c_on_an_unmount_says_what_the_daemon_does_without_us(tmp_path):
+    """Ctrl-C on ``rewindfs unmount`` while the daemon waits for a running rewind (it
+    waits up to 2 s, then refuses).  It used to exit 130 and say nothing, and a rewind
+    ending within the 2 s then unmounted the workspace behind the person's back; now
+    the last line says the daemon decides without us and where to look."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    _seed(ws, 1000)
+    with _rewind_paused_at_100(tmp_path, ws, "unmount") as (m, client, pause):
+        term = Terminal([REWINDFS, "--store", str(m.store), "unmount", str(ws)],
+                        cwd=ws.parent)
+        try:
+            _wait_until(lambda: _blocked_on_reply(term.pid), "unmount to send its request")
+            term.ctrl_c()
+            assert term.wait() == 130, term.text()[-3000:]
+            last = term.last_line()
+            assert "unmount" in last and "`rewindfs status`" in last, term.text()[-3000:]
+        finally:
+            term.close()
+        time.sleep(2.5)              # the rewind still paused: the daemon refused
+        assert is_rewindfs_mount(ws)
+        pause.unlink()
+        _finished(m)
+        _mount_works(m, 8)
+
+
 def _pause_env(tmp_path, name: str) -> tuple[dict, Path]:
     pause = tmp_path / f"pause-{name}"
     return {"REWINDFS_PAUSE_AFTER": str(PAUSE_AT), "REWINDFS_PAUSE_FILE": str(pause)}, pause
@@ -259,16 +285,17 @@ def test_mount_says_first_that_it_finishes_an_interrupted_rewind(tmp_path):
         ensure_unmounted(ws)
 
 
-# The syscall a client blocked on its reply sits in (``/proc/PID/syscall``): recvfrom.
-_RECVFROM = {"x86_64": 45, "aarch64": 207}[os.uname().machine]
+# The syscalls a client blocked on its reply sits in (``/proc/PID/syscall``): recvfrom,
+# or poll (ppoll on aarch64) when its socket has a timeout (``unmount``'s).
+_WAITING = {"x86_64": {45, 7}, "aarch64": {207, 73}}[os.uname().machine]
 
 
 def _blocked_on_reply(pid: int) -> bool:
-    """The CLI has sent its request and waits in ``recv`` for the daemon's answer."""
+    """The CLI has sent its request and waits for the daemon's answer."""
     try:
         with open(f"/proc/{pid}/syscall") as f:
-            return f.read().split(" ", 1)[0] == str(_RECVFROM)
-    except OSError:
+            return int(f.read().split(" ", 1)[0]) in _WAITING
+    except (OSError, ValueError):
         return False
 
 
