@@ -75,6 +75,13 @@ class Output:
         if not self.json:
             self.console.print(text, soft_wrap=True, **style)
 
+    def say_stderr(self, text: str) -> None:
+        """A line for people on stderr, plain, as a shell says a command did not start
+        (suppressed in ``--json`` mode, whose record says it)."""
+        if not self.json:
+            sys.stderr.write(text + "\n")
+            sys.stderr.flush()
+
     def warn(self, text: str) -> None:
         """A warning (plain text, escaped here): JSON record on stdout in ``--json``
         mode, else to stderr."""

@@ -16,7 +16,6 @@ import shlex
 import shutil
 import signal
 import subprocess
-import sys
 import time
 
 from rewindfs.store._errors import RewindfsError
@@ -448,8 +447,7 @@ def _not_started(out, cmd: list[str], cwd: str, status: int, why: str) -> int:
         text += (f" ({cmd[0]} is a directory here; to run in it as the workspace: "
                  f"rewindfs run -C {shlex.join(cmd[:1])} -- {shlex.join(rest) or 'CMD'})")
     out.emit("run.not_started", command=cmd[0], reason=why, exit_code=status)
-    if not out.json:
-        sys.stderr.write(text + "\n")
+    out.say_stderr(text)
     return status
 
 
