@@ -241,25 +241,34 @@ def call_local(ctx: RewindHost, method: str, params: dict, on_event=None) -> dic
 
 # -- the protocol handlers ----------------------------------------------------------------
 
+# Methods that change the tree (unless a dry run): the kernel's pending writes are
+# flushed first and its caches settled after.
+_CHANGE_THE_TREE = frozenset({"rewind", "redo"})
+# Long mutations (unless a dry run): ``status`` names them (``busy``), an unmount is
+# refused while one runs; the heap they grew is given back after (malloc_trim).
+_LONG_MUTATIONS = frozenset({"rewind", "redo", "gc"})
+
+
 async def _handle(method: str, ctx: DaemonHost, params: dict, emit) -> dict:
     """The rewind lock is held for the work only, never for the client's pace: the
     progress stream and the reply are sent after it is released, so a client that stops
     reading (a suspended ``rewindfs rewind``, a full pipe) holds up no turn mark and no
     other rewind — only its own connection, which ends when it hangs up."""
     real = params.get("dry_run") is not True
-    changes = method in ("rewind", "redo") and real     # changes the tree
+    changes = real and method in _CHANGE_THE_TREE
+    long_mutation = method in _LONG_MUTATIONS
 
     async def work(send) -> dict:
         async with ctx.mutation_lock:   # a turn mark waits for a running rewind
-            if real and method in ("rewind", "redo", "gc"):
-                ctx.busy_with = method      # what an unmount meanwhile is told
+            if real and long_mutation:
+                ctx.busy_with = method
             try:
                 if changes:
                     await ctx.flush_writes()
                 result = await trio.to_thread.run_sync(SYNC[method], ctx, params, send)
             finally:
                 ctx.busy_with = None
-                if method in ("rewind", "redo", "gc"):
+                if long_mutation:
                     await trio.to_thread.run_sync(syscalls.malloc_trim)
             if changes:
                 await ctx.invalidations_settled()
