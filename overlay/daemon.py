@@ -41,7 +41,7 @@ from rewindfs.overlay.fs import session
 from rewindfs.overlay.fs.ops import RewindOperations
 from rewindfs.overlay.places import (check_workspace, control_socket_path, ensure_runtime_dir,
                                      find_rewindfs_mount, is_inside, lazy_unmount,
-                                     resolve_store_path)
+                                     mount_table, resolve_store_path, rewindfs_mount_at)
 from rewindfs.overlay.rewind import engine
 from rewindfs.overlay.tree import syscalls
 from rewindfs.overlay.tree.fdbudget import EXHAUSTED, raise_soft_limit
@@ -66,7 +66,9 @@ class DaemonContext:
     rewind.
     """
 
-    def __init__(self, *, store, ws, root_fd, workspace_path, socket_path, fs, auto=None):
+    def __init__(self, *, store, ws, root_fd, workspace_path, socket_path, fs, auto=None,
+                 mount_dev=None):
+        self.mount_dev = mount_dev      # the mount's st_dev: _mount_dev
         self.store = store
         self.ws = ws
         self.root_fd = root_fd
@@ -384,15 +386,17 @@ def _serve(store, ws, root_fd, real, store_path, ready, writeback, session_kind,
             session.mount(fs, real, session_kind)
         except RuntimeError as exc:
             raise MountFailed(path=os.fsdecode(real), reason=str(exc)) from None
+        dev = _mount_dev(real)
         try:
             ctx = DaemonContext(store=store, ws=ws, root_fd=root_fd, workspace_path=real,
-                                socket_path=sock_path, fs=fs, auto=auto)
+                                socket_path=sock_path, fs=fs, auto=auto, mount_dev=dev)
             log.info("mounted %s (workspace %d, epoch %d, %s session)", os.fsdecode(real), ws,
                      fs.epoch_id, session_kind)
             if ready is not None:
                 ready()
             trio.run(_run, ctx, listener)
         finally:
+            _detach_if_moved(dev, real)
             session.unmount()
             fs.close()
             log.info("unmounted %s", os.fsdecode(real))
@@ -403,6 +407,28 @@ def _serve(store, ws, root_fd, real, store_path, ready, writeback, session_kind,
         except FileNotFoundError:
             pass
     return 0
+
+
+def _mount_dev(real: bytes) -> int | None:
+    """Our mount's device number, read from the mount table (a stat of our own mount
+    from this thread would wait on ourselves): a client finds this daemon by it once
+    the workspace was moved while mounted (its parent renamed), when the socket named
+    after the path it has now does not exist (``cli.mount.moved_daemon``)."""
+    mnt = rewindfs_mount_at(real)
+    return mnt.dev if mnt is not None else None
+
+
+def _detach_if_moved(dev: int | None, real: bytes) -> None:
+    """A workspace moved while mounted: the session would unmount the path it was
+    mounted at, where nothing is now, and leave the mount where it went, dead.  It is
+    detached where it is (lazily, as the session's own unmount is)."""
+    if dev is None:
+        return
+    for mnt in mount_table():
+        if mnt.dev == dev and mnt.fstype == b"fuse.rewindfs" and mnt.point != real:
+            log.info("the workspace moved to %s while mounted; detaching it there",
+                     os.fsdecode(mnt.point))
+            lazy_unmount(mnt.point)
 
 
 def error_line(exc: BaseException) -> bytes:

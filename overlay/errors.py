@@ -47,6 +47,12 @@ class OtherStoreMount(RewindfsError):
     code = "other-store-mount"
 
 
+class WorkspaceMoved(RewindfsError):
+    """{path} is the workspace {was}, moved while mounted: its daemon and its history still know it by that path. `rewindfs unmount {path}` stops it cleanly; move it back and mount it there to go on with that history (mounted where it is now, it starts a new one)."""
+
+    code = "workspace-moved"
+
+
 class NotMounted(RewindfsError):
     """{path} is not served by a rewindfs daemon."""
 

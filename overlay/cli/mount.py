@@ -32,12 +32,12 @@ from rewindfs.overlay.places import (check_mount_owner, check_place, check_works
 from rewindfs.overlay.errors import (AlreadyMounted, Interrupted, MountBusy, MountFailed,
                                      MutationRunning, NotMounted, OtherStoreMount,
                                      RemoteUnnamed, SentThenInterrupted, StaleMount,
-                                     UnmountFailed, UsageError)
+                                     UnmountFailed, UsageError, WorkspaceMoved)
 
 log = logging.getLogger(__name__)
 
-__all__ = ["HANDLERS", "find_daemon", "intent_pending", "register", "spawn_daemon",
-           "unmount_workspace"]
+__all__ = ["HANDLERS", "find_daemon", "intent_pending", "moved_daemon", "register",
+           "spawn_daemon", "unmount_workspace"]
 
 _UNMOUNT_WAIT_S = 30.0
 
@@ -54,11 +54,39 @@ def find_daemon(start, store_path) -> tuple[bytes, bytes]:
         mnt = enclosing_rewindfs_mount(real)
         if mnt is not None:
             check_mount_owner(mnt)   # another uid's daemon: say so, not "not mounted"
-            if mount_answers(mnt.point):   # a live daemon, not ours: never "dead"
+            if mount_answers(mnt.point):   # a live daemon, not at this path: never "dead"
+                moved = moved_daemon(mnt, store_path)
+                if moved is not None:
+                    raise WorkspaceMoved(path=os.fsdecode(mnt.point), was=moved["workspace"])
                 raise OtherStoreMount(path=os.fsdecode(mnt.point), store=str(store_path))
         raise NotMounted(path=os.fsdecode(real))
     sock, path = found
     return path, sock
+
+
+def moved_daemon(mnt, store_path) -> dict | None:
+    """The ``status`` (plus its ``socket``) of the daemon of *store_path* that serves the
+    mount *mnt* under another path — its workspace was moved while mounted, so the
+    socket named after the path it has now does not exist — found by the mount's device
+    number among this user's sockets; None if none is."""
+    runtime = os.path.dirname(control_socket_path(store_path, b"/"))
+    store_real = os.path.realpath(os.fsencode(os.path.abspath(os.fsencode(store_path))))
+    try:
+        names = sorted(os.listdir(runtime))
+    except OSError:
+        return None
+    for name in names:
+        if not name.endswith(b".sock"):
+            continue
+        sock = os.path.join(runtime, name)
+        try:
+            found = client.call(sock, "status", {}, timeout=2)
+        except (OSError, RewindfsError):
+            continue        # a dead daemon's socket, another uid's: not this one
+        ours = os.path.realpath(os.fsencode(found.get("store") or "")) == store_real
+        if ours and found.get("dev") == mnt.dev:
+            return dict(found, socket=os.fsdecode(sock))
+    return None
 
 
 def call_daemon(args, method: str, params=None, *, on_event=None) -> dict:
@@ -174,8 +202,13 @@ def unmount_workspace(dir_path, store, *, lazy: bool = False,
     users = mount_users(real, mnt.dev)
     if users and not lazy:
         raise MountBusy(path=os.fsdecode(real), holders=", ".join(map(str, users)))
+    sock = control_socket_path(store, real)
+    if not os.path.exists(sock):     # moved while mounted: its daemon has another name
+        moved = moved_daemon(mnt, store)
+        if moved is not None:
+            sock = moved["socket"]
     try:
-        answer = client.call(control_socket_path(store, real), "unmount", {}, timeout=60)
+        answer = client.call(sock, "unmount", {}, timeout=60)
         if reply is not None:
             reply.update(answer)
     except SentThenInterrupted:

@@ -61,6 +61,7 @@ class DaemonHost(RewindHost, Protocol):
     shutdown: trio.Event      # set once the daemon is to stop
     workspace_path: bytes
     socket_path: bytes
+    mount_dev: int | None     # the mount's device number (found by it once moved)
     fs: object            # fs.ops.RewindOperations (not imported: control stays light)
     pushers: object       # control.autopush.Pushers (the background pushes)
 

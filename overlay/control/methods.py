@@ -93,7 +93,7 @@ async def status(ctx: DaemonHost, params: dict, emit) -> dict:
     out = {
         "workspace": os.fsdecode(ctx.workspace_path), "store": str(ctx.store.path),
         "socket": os.fsdecode(ctx.socket_path), "epoch": cur.id,
-        "epoch_kind": cur.kind, "mounted": True, "pid": os.getpid(),
+        "epoch_kind": cur.kind, "mounted": True, "pid": os.getpid(), "dev": ctx.mount_dev,
         "open_turn": open_turn.as_point() if open_turn else None,
         "fs": ctx.fs.statistics(), **_warnings(ctx),
     }

@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 
 import pytest
 
@@ -260,3 +261,44 @@ def test_a_live_mount_of_another_store_is_named_so_not_called_dead(tmp_path):
                 assert "stale" not in res.stderr and "--recover" not in res.stderr
         assert is_rewindfs_mount(ws) and m.call("status")["mounted"]
         assert (ws / "f").read_text() == "1\n"
+
+
+def test_a_workspace_moved_while_mounted_is_named_so_and_unmounts_cleanly(tmp_path):
+    """A person renames the folder holding a mounted project (``mv code src``): the
+    mount moves along, its daemon still serves it, but every command there said "served
+    by a live rewindfs daemon, but not for the store …: it serves another store" — the
+    same store.  Now each says the workspace moved and from where, and ``unmount``
+    reaches the daemon (a clean stop, not fusermount's)."""
+    before, after = tmp_path / "code", tmp_path / "src"
+    store = tmp_path / "store"
+    ws = before / "proj"
+    pid = None
+    try:
+        ws.mkdir(parents=True)
+        res = cli("mount", ws, store=store)
+        assert res.returncode == 0, res.stderr
+        pid = json.loads(cli("status", "--json", "-C", ws, store=store).stdout)["pid"]
+        os.rename(before, after)
+        moved = after / "proj"
+        assert is_rewindfs_mount(moved)
+        for args in (["status"], ["log"], ["turn", "begin", "--session", "s", "--turn", "1"]):
+            res = cli("--json", *args, "-C", moved, store=store)
+            assert res.returncode == 2, (args, res.stdout, res.stderr)
+            record = json.loads(res.stdout.splitlines()[-1])
+            assert record["code"] == "workspace-moved", (args, record)
+            assert str(ws) in record["message"] and str(moved) in record["message"], record
+        res = cli("--json", "unmount", moved, store=store)
+        assert res.returncode == 0, res.stderr
+        assert json.loads(res.stdout.splitlines()[-1])["how"] == "unmounted"
+        assert not is_rewindfs_mount(moved)
+        for _ in range(500):                  # the daemon stopped by itself
+            if not os.path.exists(f"/proc/{pid}"):
+                break
+            time.sleep(0.01)
+        assert not os.path.exists(f"/proc/{pid}")
+        pid = None
+    finally:
+        for place in (ws, after / "proj"):
+            _cleanup(place)
+        if pid is not None and os.path.exists(f"/proc/{pid}"):
+            os.kill(pid, 9)
