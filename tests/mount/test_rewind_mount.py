@@ -173,20 +173,27 @@ def test_many_files_each_get_their_event_and_fresh_caches(tmp_path):
         assert len(os.listdir(os.path.join(m.path, "d1"))) == 200
 
 
+def _six_files_rewritten_by_turn_1(m) -> tuple[int, dict]:
+    """Six files, then turn 1 rewrites them and adds ``d/x``: (turn 1's epoch, the
+    tree at its start)."""
+    for i in range(6):
+        (m.ws / f"f{i}").write_bytes(b"old %d\n" % i)
+    e1 = m.call("turn.begin", session="s1", turn=1, label="t")["epoch"]
+    target = snapshot(m.ws)
+    for i in range(6):
+        (m.ws / f"f{i}").write_bytes(b"new content %d\n" % i)
+    (m.ws / "d").mkdir()
+    (m.ws / "d" / "x").write_bytes(b"x")
+    m.call("turn.end")
+    return e1, target
+
+
 def test_killed_daemon_mid_rewind_is_finished_at_the_next_mount(tmp_path):
     """The daemon dies (SIGKILL, ``REWINDFS_FAULT_AFTER``) in the middle of a rewind; the
     next mount finishes it from the intent before serving, and redo still works."""
     ws, store = tmp_path / "ws", tmp_path / "store"
     with mounted(ws, store, env={"REWINDFS_FAULT_AFTER": "4"}, require_clean=False) as m:
-        for i in range(6):
-            (ws / f"f{i}").write_bytes(b"old %d\n" % i)
-        e1 = m.call("turn.begin", session="s1", turn=1, label="t")["epoch"]
-        target = snapshot(ws)
-        for i in range(6):
-            (ws / f"f{i}").write_bytes(b"new content %d\n" % i)
-        (ws / "d").mkdir()
-        (ws / "d" / "x").write_bytes(b"x")
-        m.call("turn.end")
+        e1, target = _six_files_rewritten_by_turn_1(m)
         before = snapshot(ws)
         with pytest.raises(Exception):
             m.call("rewind", to=f"e{e1}")      # the daemon is killed on its 4th change
@@ -210,13 +217,7 @@ def test_a_daemon_dead_mid_rewind_is_named_and_a_refused_mount_says_nothing_of_f
     pid = None
     try:
         with mounted(ws, store, env={"REWINDFS_FAULT_AFTER": "4"}, require_clean=False) as m:
-            for i in range(6):
-                (ws / f"f{i}").write_bytes(b"old %d\n" % i)
-            e1 = m.call("turn.begin", session="s1", turn=1, label="t")["epoch"]
-            target = snapshot(ws)
-            for i in range(6):
-                (ws / f"f{i}").write_bytes(b"new %d\n" % i)
-            m.call("turn.end")
+            e1, target = _six_files_rewritten_by_turn_1(m)
             res = cli("rewind", f"e{e1}", "-C", ws, store=store, timeout=120)
             # the daemon is gone: the client says what that leaves and what to run
             assert res.returncode == 2 and "(daemon-died)" in res.stderr, res.stderr
