@@ -264,7 +264,8 @@ def _dir_and_auto(args) -> None:
     DIR is required, so it is DIR and ``--auto`` means the only remote."""
     if args.dir is None:
         if not args.auto:
-            raise UsageError("mount: the following arguments are required: DIR")
+            raise UsageError("the following arguments are required: DIR (see rewindfs mount "
+                             "--help)")
         args.dir, args.auto = args.auto, ""
 
 

@@ -90,3 +90,16 @@ def test_expected_errors_keep_their_own_exit_code(tmp_path):
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 3
     assert json.loads(res.stdout)["code"] == "usage"
+
+
+@pytest.mark.parametrize("argv", [["mount"], ["rewind"], ["diff", "t1", "t2", "t3"],
+                                  ["log", "-n", "0"], ["fsck", "--no-such-option"],
+                                  ["turn", "begin"]])
+def test_every_usage_error_points_to_help(tmp_path, argv):
+    """A usage error says where to read more, as argparse's own do; ``mount`` without
+    DIR was the one that did not ("mount: the following arguments are required: DIR")."""
+    res = subprocess.run([str(REWINDFS), "--json", "--store", str(tmp_path / "s"), *argv],
+                         capture_output=True, text=True, timeout=120)
+    record = json.loads(res.stdout)
+    assert res.returncode == 3 and record["code"] == "usage", (argv, record)
+    assert "--help)" in record["message"], (argv, record)
