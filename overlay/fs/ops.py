@@ -175,7 +175,11 @@ class RewindOperations(pyfuse3.Operations):
         self.enable_writeback_cache = writeback
         self.timeout = timeout
         self.table = InodeTable(root_fd)
-        self.rules = IgnoreRules.load(root_fd)   # invalid: BadIgnoreRules, no mount
+        # The rules of .rewindignore now, the ones the current epoch began with, and
+        # what capture goes by: exempt only where both ignore a path (tree/ignore.py)
+        self.file_rules = IgnoreRules.load(root_fd)   # invalid: BadIgnoreRules, no mount
+        self.epoch_rules = self.file_rules
+        self.rules = self.file_rules
         self.rules_problem: str | None = None    # why a newer .rewindignore is not used
         self.links = InodeIndex(root_fd, self.rules)   # walked at its first use only
         self.epoch_id = store.current_epoch(ws).id
@@ -221,6 +225,8 @@ class RewindOperations(pyfuse3.Operations):
             self.captured.clear()
             self.captured.update(recorded)
             self._token = object()
+            if self.epoch_rules is not self.file_rules:    # an edited .rewindignore
+                self._set_rules(self.file_rules, self.file_rules)   # is in force now
             if self.pt_writers:
                 self._capture_passthrough_writers()
 
@@ -306,7 +312,14 @@ class RewindOperations(pyfuse3.Operations):
             log.warning("%s", self.rules_problem)
             return
         self.rules_problem = None
-        self.rules = rules
+        self._set_rules(self.epoch_rules, rules)
+
+    def _set_rules(self, epoch_rules, file_rules) -> None:
+        """A rule added since the epoch began exempts nothing from capture until the
+        next epoch: the turn that adds ``*.txt`` and deletes ``a.txt`` is rewound with
+        ``a.txt`` (tree/ignore.py); one it removes takes effect at once."""
+        self.epoch_rules, self.file_rules = epoch_rules, file_rules
+        self.rules = epoch_rules.both(file_rules)
         self.links = InodeIndex(self.root_fd, self.rules)
         self._token = object()
 

@@ -71,7 +71,7 @@ from rewindfs.overlay.rewind import land as L
 from rewindfs.overlay.tree import meta
 from rewindfs.overlay.capture import capture, capture_images
 from rewindfs.overlay.tree.fdbudget import dir_cache_size
-from rewindfs.overlay.tree.ignore import IgnoreRules
+from rewindfs.overlay.tree.ignore import IGNORE_FILE, IgnoreRules
 from rewindfs.overlay.tree.walk import DirCache, split
 from rewindfs.overlay.rewind.adopt import Adopter, unshare_epoch
 from rewindfs.overlay.rewind.links import InodeIndex, parse_group
@@ -208,6 +208,24 @@ def _is_ignored(rules: IgnoreRules, action) -> bool:
     return rules.ignored(action.path, action.image.kind == "dir")
 
 
+def _restore_rules(store, plan, rules):
+    """What a restore leaves alone: a path both *rules* (in force now) and the rules of
+    the point the plan goes back to ignore — that point's ``.rewindignore``, when the
+    plan puts another one back.  Why both: a turn that added ``*.txt`` and deleted
+    ``a.txt`` captured the deletion (fs.ops captures by the rules its epoch began
+    with), and its rewind must bring ``a.txt`` back though the rule now ignores it."""
+    action = next((a for a in plan.actions if a.path == IGNORE_FILE), None)
+    if action is None:
+        return rules
+    if action.image.kind != "file":     # absent then (or not a file): no rules
+        return rules.both(IgnoreRules())
+    data = b"".join(store.iter_blob(action.image.blob))
+    try:
+        return rules.both(IgnoreRules.parse(data))
+    except errors.BadIgnoreRules:     # the mount kept older rules then: restore by ours
+        return rules
+
+
 # -- planning -----------------------------------------------------------------------
 
 def plan_rewind(root_fd: int, store, ws: int, to, *, paths=None,
@@ -221,6 +239,7 @@ def plan_rewind(root_fd: int, store, ws: int, to, *, paths=None,
     plan = _without_temps(store.plan(ws, target, requested))
     if rules is None:
         rules = IgnoreRules.load(root_fd)
+    rules = _restore_rules(store, plan, rules)
     dirs = _dir_cache(root_fd)
     try:
         items = [PlannedAction(a, change) for a, change in _classified(dirs, store, plan, rules)]
@@ -573,6 +592,7 @@ def apply_plan(root_fd: int, store, ws: int, plan, *, session: str | None,
         rules = plan.rules if isinstance(plan, RewindPlan) else None
     if rules is None:
         rules = IgnoreRules.load(root_fd)
+    rules = _restore_rules(store, store_plan, rules)
     turn = store.open_turn(ws)
     if turn is not None and not force:
         raise TurnOpen(turn=turn.turn, session=turn.session)
@@ -942,6 +962,7 @@ def recover(root_fd: int, store, ws: int, *, progress=None, invalidate=None,
     plan = _without_temps(store.plan(ws, target, intent.get("paths")))
     if rules is None:    # an invalid file: BadIgnoreRules, the intent stays for later
         rules = IgnoreRules.load(root_fd)
+    rules = _restore_rules(store, plan, rules)
     run = _new_run(root_fd, store, ws, rewind_id if still_open else current.id, progress,
                    invalidate, rules, fence=fence)
     try:

@@ -1,10 +1,17 @@
 """``.rewindignore`` at the workspace root, gitignore syntax (DESIGN invariant 7).
 
 An ignored path is never captured, never restored and never deleted by a restore; the
-same ``IgnoreRules`` object answers for the filesystem and the restore engine so the
-rule is symmetric.  ``.rewindignore`` itself is never ignored.  Matching is on the
-workspace-relative path; a directory is matched with a trailing slash so ``build/``
-patterns work, and anything below an ignored directory is ignored (as in git).
+same rules answer for the filesystem and the restore engine so the rule is symmetric.
+``.rewindignore`` itself is never ignored.  Matching is on the workspace-relative path;
+a directory is matched with a trailing slash so ``build/`` patterns work, and anything
+below an ignored directory is ignored (as in git).
+
+When the file changes, two rule sets are in play, and a path counts as ignored only
+where both ignore it (``IgnoreRules.both``): for capture, the rules its epoch began
+with and the rules now — so a turn that adds a rule and then deletes what it matches
+cannot take that deletion out of the history (the rule takes effect for capture at the
+next turn boundary); for a restore, the rules now and the rules of the point it goes
+back to.
 """
 
 from __future__ import annotations
@@ -18,7 +25,7 @@ from rewindfs.overlay.errors import BadIgnoreRules
 
 log = logging.getLogger(__name__)
 
-__all__ = ["IGNORE_FILE", "IgnoreRules"]
+__all__ = ["IGNORE_FILE", "BothRules", "IgnoreRules"]
 
 IGNORE_FILE = b".rewindignore"
 _MAX_RULES_BYTES = 1 << 20
@@ -50,6 +57,12 @@ class IgnoreRules:
             return cls()
         finally:
             os.close(fd)
+        return cls.parse(data)
+
+    @classmethod
+    def parse(cls, data: bytes) -> "IgnoreRules":
+        """The rules of a ``.rewindignore`` holding *data* (``BadIgnoreRules`` as
+        ``load``)."""
         # Lines as git and an editor count them: split on LF only, CRLF tolerated.
         lines = [line.removesuffix("\r")
                  for line in data.decode("utf-8", "surrogateescape").split("\n")]
@@ -79,3 +92,29 @@ class IgnoreRules:
 
     def __bool__(self) -> bool:
         return self._spec is not None
+
+    def both(self, other) -> "IgnoreRules | BothRules":
+        """Rules that ignore a path only where these and *other* both do (the same
+        rules back when they are)."""
+        if other is self or other.lines == self.lines:
+            return self
+        return BothRules(self, other)
+
+
+class BothRules:
+    """What two rule sets both ignore (``IgnoreRules.both``): the ``IgnoreRules``
+    interface the filesystem and the restore engine use."""
+
+    def __init__(self, first, second):
+        self.first, self.second = first, second
+        # never equal to a file's lines: both() of these is never taken for one set
+        self.lines = None
+
+    def ignored(self, relpath: bytes, is_dir: bool = False) -> bool:
+        return self.first.ignored(relpath, is_dir) and self.second.ignored(relpath, is_dir)
+
+    def both(self, other) -> "BothRules":
+        return self if other is self else BothRules(self, other)
+
+    def __bool__(self) -> bool:
+        return bool(self.first) and bool(self.second)

@@ -1,0 +1,59 @@
+"""A turn that edits ``.rewindignore`` cannot take its own changes out of the history.
+
+Found from outside: an agent's turn wrote ``.rewindignore`` with ``*.txt`` and
+``data/``, then deleted ``a.txt`` and ``data/``.  The new rules took effect at once, so
+neither deletion was captured, and the rewind of that turn said it restored one path
+(``.rewindignore``, removed) while ``a.txt`` and ``data/`` stayed gone: lost, with no
+way back.  Now a rule takes effect for capture at the next turn boundary (a path is
+exempt only where the rules the epoch began with *and* the rules now both ignore it),
+and a rewind restores what either the rules now or the rules of the point it goes back
+to track.  Real daemon, real CLI.
+"""
+
+from __future__ import annotations
+
+from mountkit import cli, mounted
+from treesnap import compare, snapshot
+
+
+def _turn(ws, store, n: int, act) -> None:
+    assert cli("turn", "begin", "--session", "s", "--turn", str(n), "-C", ws,
+               store=store).returncode == 0
+    act()
+    assert cli("turn", "end", "-C", ws, store=store).returncode == 0
+
+
+def test_a_rule_added_in_a_turn_does_not_hide_what_the_turn_deletes(tmp_path):
+    ws, store = tmp_path / "ws", tmp_path / "store"
+    ws.mkdir()
+    (ws / "a.txt").write_text("precious\n")
+    (ws / "data").mkdir()
+    (ws / "data" / "d1").write_text("d1\n")
+    (ws / "keep.md").write_text("kept\n")
+    with mounted(ws, store) as m:
+        before = snapshot(m.ws)
+
+        def agent():
+            (m.ws / ".rewindignore").write_text("*.txt\ndata/\n")
+            (m.ws / "a.txt").unlink()
+            (m.ws / "data" / "d1").unlink()
+            (m.ws / "data").rmdir()
+            (m.ws / "keep.md").write_text("changed\n")
+        _turn(ws, store, 1, agent)
+        after = snapshot(m.ws)
+
+        res = cli("rewind", "t1", "--session", "s", "-C", ws, store=store)
+        assert res.returncode == 0, res.stderr
+        assert compare(before, snapshot(m.ws)) == []        # a.txt and data/ are back
+        res = cli("redo", "--session", "s", "-C", ws, store=store)
+        assert res.returncode == 0, res.stderr
+        assert compare(after, snapshot(m.ws)) == []
+
+        # From the next turn on, the rule is in force: what it ignores is not captured,
+        # and a rewind leaves it alone (DESIGN invariant 7, unchanged).
+        (m.ws / "b.txt").write_text("ignored from turn 2\n")
+        _turn(ws, store, 2, lambda: (m.ws / "b.txt").write_text("changed in turn 2\n"))
+        res = cli("rewind", "t2", "--session", "s", "-C", ws, store=store)
+        assert res.returncode == 0, res.stderr
+        assert (m.ws / "b.txt").read_text() == "changed in turn 2\n"
+        assert (m.ws / ".rewindignore").read_text() == "*.txt\ndata/\n"
