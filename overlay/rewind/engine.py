@@ -219,7 +219,10 @@ def _restore_rules(store, plan, rules):
         return rules
     if action.image.kind != "file":     # absent then (or not a file): no rules
         return rules.both(IgnoreRules())
-    data = b"".join(store.iter_blob(action.image.blob))
+    try:
+        data = b"".join(store.iter_blob(action.image.blob))
+    except (RewindfsError, OSError):   # damaged: its own action fails and is named;
+        return rules.both(IgnoreRules())   # the rest is restored by no rules of its own
     try:
         return rules.both(IgnoreRules.parse(data))
     except errors.BadIgnoreRules:     # the mount kept older rules then: restore by ours

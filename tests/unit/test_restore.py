@@ -234,6 +234,51 @@ def test_ignored_paths_are_never_restored_or_deleted(hist):
     assert not os.path.exists(hist.p(b"keep.txt"))
 
 
+def test_a_rule_the_rewound_turn_added_does_not_keep_what_it_deleted(hist):
+    """The restore side of tests/mount/test_rel_ignore.py: ``*.txt`` written and
+    ``a.txt`` deleted in the turn; the rewind restores ``a.txt`` (the point's rules do
+    not ignore it) and removes the ``.rewindignore`` the turn made.  Ignored only by
+    both rule sets, ``b.log`` (made in the turn) stays."""
+    hist.write(b"a.txt", b"precious")
+    with open(hist.p(b".rewindignore"), "wb") as f:     # in force before the turn too
+        f.write(b"*.log\n")
+    e1 = hist.turn(1)
+    hist.write(b".rewindignore", b"*.log\n*.txt\n")
+    hist.remove(b"a.txt")
+    hist.end_turn()
+    with open(hist.p(b"b.log"), "wb") as f:
+        f.write(b"ignored before and after")
+    result = rewind(hist, f"e{e1}")
+    assert result.failed == []
+    assert open(hist.p(b"a.txt"), "rb").read() == b"precious"
+    assert open(hist.p(b".rewindignore"), "rb").read() == b"*.log\n"
+    assert os.path.exists(hist.p(b"b.log"))
+
+
+def test_a_point_whose_rules_cannot_be_read_still_restores_the_rest(hist):
+    """The point's ``.rewindignore`` (over 1 MiB, so a blob file) is gone from the
+    store: its own restore fails and is named (``blob-missing``); the rest lands, by
+    no rules of that point — not the whole rewind refused for one unreadable file."""
+    hist.write(b"a.txt", b"precious")
+    hist.write(b".rewindignore", b"*.log\n" + b"# padding\n" * 110_000)
+    e1 = hist.turn(1)
+    hist.write(b".rewindignore", b"*.txt\n")
+    hist.remove(b"a.txt")
+    hist.end_turn()
+    away = [os.path.join(dirpath, name)
+            for dirpath, _dirs, files in os.walk(os.path.join(hist.store.path, "blobs"))
+            for name in files]
+    for path in away:
+        os.rename(path, path + ".away")
+    try:
+        result = rewind(hist, f"e{e1}")
+    finally:                    # the fixture checks the store is sound at the end
+        for path in away:
+            os.rename(path + ".away", path)
+    assert {f.path: f.code for f in result.failed} == {b".rewindignore": "blob-missing"}
+    assert open(hist.p(b"a.txt"), "rb").read() == b"precious"
+
+
 def test_link_groups_are_rebuilt_and_broken(hist):
     with open(hist.p(b"a"), "wb") as f:
         f.write(b"same")
