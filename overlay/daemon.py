@@ -128,9 +128,11 @@ class DaemonContext:
         self._on_trio(self.fs.unfence_rewind)
 
     def ignore_rules(self):
-        """The rules the filesystem captures by; one reference read, safe from the
-        restore engine's worker thread (``reload_rules`` swaps the object whole)."""
-        return self.fs.rules
+        """The rules of ``.rewindignore`` now (the last valid ones: the person's last
+        word, though capture waits for the next epoch to exempt what a new rule
+        adds), which a rewind restores by with the point's; one reference read, safe
+        from the restore engine's worker thread (``reload_rules`` swaps it whole)."""
+        return self.fs.file_rules
 
     def request_unmount(self) -> None:
         self.unmount_pending = True

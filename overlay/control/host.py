@@ -39,8 +39,10 @@ class LiveMount(Protocol):
     def unfence_rewind(self) -> None: ...
 
     def ignore_rules(self):
-        """The ``tree.ignore.IgnoreRules`` the mount captures by (kept when an edit of
-        ``.rewindignore`` is invalid); a rewind restores by the same ones."""
+        """The ``tree.ignore.IgnoreRules`` of ``.rewindignore`` now (the previous ones
+        kept when an edit is invalid); a rewind restores by them and the point's
+        (``engine._restore_rules``).  Capture also keeps the rules its epoch began
+        with until the next epoch (``fs.ops``)."""
 
 
 class RewindHost(Protocol):
