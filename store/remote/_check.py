@@ -46,7 +46,7 @@ def check_remote(backend) -> RemoteCheck:
         for _seq, key in segment_keys(backend, ws_id):
             out.objects_checked += 1
             try:
-                state.merge(decode_segment(key, backend.get(key)))
+                state.merge(decode_segment(key, backend.get(key)), key)
             except (RemoteObjectCorrupt, RemoteObjectMissing) as exc:
                 out.problems.append(_problem(exc, key, ws_id, 0))
         for sha, size, where in state.blobs.values():

@@ -162,7 +162,7 @@ def _reachable(backend, remote: str, listing, report: RemoteGcReport) -> set[str
             continue
         try:
             state = RemoteWorkspace(parsed[0])
-            state.merge(decode_segment(key, backend.get(key)))
+            state.merge(decode_segment(key, backend.get(key)), key)
         except (RemoteObjectCorrupt, RemoteObjectMissing) as exc:
             raise RemoteGcUnsafe(remote=remote, reason=f"segment {key}: {exc.message}",
                                  object=key) from None

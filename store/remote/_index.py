@@ -25,12 +25,14 @@ Segment value (msgpack, ``_objects.encode_segment``)::
 from __future__ import annotations
 
 import hashlib
+import os
 from dataclasses import dataclass, field
 
 import msgpack
 
 from .._epoch import Epoch
-from .._errors import RemoteObjectCorrupt
+from .._errors import BadPath, RemoteObjectCorrupt
+from .._preimage import check_relpath
 from .._preimage import decode as decode_image
 from .._transfer import History
 from ._objects import decode_segment, parse_segment_name
@@ -52,7 +54,12 @@ class RemoteWorkspace:
     head: list | None = None                       # [[path, fields]]
     head_digest: bytes | None = None
 
-    def merge(self, seg: dict) -> None:
+    def merge(self, seg: dict, key: str = "") -> None:
+        """Add segment ``seg`` (read from ``key``).  Every path it names is checked
+        first: anyone who can write the bucket can add a segment whose name matches
+        its content, so a path out of the workspace is refused here, before a blob is
+        fetched or anything written (``RemoteObjectCorrupt`` naming the segment)."""
+        _check_paths(key, seg)
         self.segments += 1
         self.root = seg.get("root") or self.root
         self.store = seg.get("store") or self.store
@@ -94,6 +101,21 @@ class RemoteWorkspace:
                                       reason=f"the pushed tree does not decode ({exc})") from None
 
 
+def _check_paths(key: str, seg: dict) -> None:
+    try:
+        for rec in seg.get("journal") or ():
+            check_relpath(bytes(rec[1]))
+        for rec in seg.get("head") or ():
+            check_relpath(bytes(rec[0]))
+    except BadPath as exc:
+        raise RemoteObjectCorrupt(
+            key=key, reason=f"it names a path that is not inside a workspace: "
+                            f"{os.fsdecode(exc.details['path'])!r}") from None
+    except (TypeError, IndexError) as exc:
+        raise RemoteObjectCorrupt(key=key, reason=f"a record does not decode ({exc})") \
+            from None
+
+
 def epoch_record(e: Epoch) -> list:
     return [e.id, e.kind, e.session, e.turn, e.label, e.started_ns, e.ended_ns, e.paths,
             e.bytes, e.target]
@@ -123,7 +145,7 @@ def read_workspace(backend, ws_id: str) -> RemoteWorkspace:
     """Every segment of ``ws_id``, verified and merged (no blob is read)."""
     state = RemoteWorkspace(ws_id)
     for seq, key in segment_keys(backend, ws_id):
-        state.merge(decode_segment(key, backend.get(key)))
+        state.merge(decode_segment(key, backend.get(key)), key)
         state.next_seq = max(state.next_seq, seq + 1)
     return state
 

@@ -17,7 +17,8 @@ from rewindfs.store import Store
 from rewindfs.store._errors import RemoteUnreachable
 from rewindfs.store.remote import (Lease, RemoteConfig, open_backend, push_workspace,
                                    read_workspace)
-from rewindfs.store.remote._objects import blob_name
+from rewindfs.store.remote._objects import (blob_name, decode_segment, encode_segment,
+                                            segment_name)
 
 
 def _restore(capsys, tmp_path, s3, ws_id, point, name="m", *extra):
@@ -250,3 +251,43 @@ def test_ctrl_c_during_a_push_says_what_it_left_and_the_next_push_completes(s3, 
                           capture_output=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert "pushed" in done.stdout, done.stdout
+
+
+@pytest.mark.parametrize("where", ["journal", "head"])
+@pytest.mark.parametrize("bad", [b"../outside", b"/tmp/abs", b"x/../../up", b"a//b"])
+def test_a_forged_segment_naming_a_path_outside_is_refused_as_corrupt(
+        s3, tmp_path, capsys, where, bad):
+    """Someone else who can write the bucket adds a well-formed segment (its name is
+    its hash) whose journal or pushed tree names a path outside the workspace: the
+    restore refuses it as a damaged remote object, naming the segment, before any
+    blob is downloaded; nothing is written anywhere, and no workspace is made."""
+    with open_history(new_dir(tmp_path / "a")) as h:
+        h.turn(1)
+        h.write(b"a.txt", b"one\n")
+        h.end_turn()
+        add_origin(capsys, h.store.path, s3)
+        ws_id = push_done(capsys, h.store.path, h.root.decode())["workspace"]
+        with Store.open(h.store.path) as a:
+            backend = open_backend(RemoteConfig("origin", *a.remote("origin")[:4]))
+    (key,) = [k for k, _ in backend.list(f"ws/{ws_id}/seg/")]
+    seg = decode_segment(key, backend.get(key))
+    image = dict((bytes(p), f) for p, f in seg["head"])[b"a.txt"]
+    if where == "head":
+        seg["head"] = [*seg["head"], [bad, image]]
+    else:
+        seg["journal"] = [*seg["journal"], [max(e[0] for e in seg["epochs"]), bad, image]]
+    body = encode_segment(seg)
+    forged = segment_name(ws_id, 2, body)
+    backend.put(forged, body)
+    m, code, recs = _restore(capsys, tmp_path, s3, ws_id, "t1")
+    assert code == 2, recs
+    assert [r["type"] for r in recs] == ["error"], recs      # no blob was fetched
+    assert recs[0]["code"] == "remote-object-corrupt", recs
+    assert forged in recs[0]["message"] and os.fsdecode(bad) in recs[0]["message"], recs
+    assert not (m / "dir").exists() and not (tmp_path / "outside").exists()
+    assert not os.path.exists("/tmp/abs")
+    code, recs = cli(capsys, "--store", m / "store", "remote", "log", "origin")
+    assert code == 2 and recs[-1]["code"] == "remote-object-corrupt", recs
+    code, recs = cli(capsys, "--store", m / "store", "fsck", "--remote", "origin")
+    found = [(r["code"], r["object"]) for r in recs if r["type"] == "fsck.problem"]
+    assert code == 1 and found == [("remote-object-corrupt", forged)], recs
