@@ -75,6 +75,16 @@ class Output:
         if not self.json:
             self.console.print(text, soft_wrap=True, **style)
 
+    def to_program(self) -> bool:
+        """True when stdout is a file or a pipe (not ``--json``): output that another
+        program reads (a patch, a list of paths) is then written as it is."""
+        return not self.json and not self.console.is_terminal
+
+    def write_raw(self, text: str) -> None:
+        """``text`` exactly: no markup, tabs and control characters kept (rich expands
+        tabs, and ``escape`` shows ``\\r``: either breaks a patch)."""
+        self.stream.write(text)
+
     def say_stderr(self, text: str) -> None:
         """A line for people on stderr, plain, as a shell says a command did not start
         (suppressed in ``--json`` mode, whose record says it)."""

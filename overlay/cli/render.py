@@ -313,12 +313,19 @@ def _diff_lines(change: dict, a_name: str, b_name: str, a: bytes | None, b: byte
     # The point after a tab, where diff -u puts a time: patch and git apply read the
     # name up to it (a name with spaces stays one name).
     lines = difflib.unified_diff(
-        (a or b"").decode().splitlines(keepends=True), (b or b"").decode().splitlines(keepends=True),
+        _lines(a), _lines(b),
         fromfile="/dev/null" if a is None else f"a/{path}",
         tofile="/dev/null" if b is None else f"b/{path}",
         fromfiledate="" if a is None else f"({a_name})",
         tofiledate="" if b is None else f"({b_name})")
     return _mode_header(change, path) + [_ended(line) for line in lines], None
+
+
+def _lines(data: bytes | None) -> list[str]:
+    """The lines of a file as diff and patch count them: ended by ``\\n`` only
+    (``str.splitlines`` also ends a line at a form feed or a lone ``\\r``)."""
+    parts = (data or b"").decode().split("\n")
+    return [part + "\n" for part in parts[:-1]] + ([parts[-1]] if parts[-1] else [])
 
 
 def _kind(kind: str, content: bytes | None) -> str:
@@ -365,6 +372,9 @@ def render_diff(out, res: dict, content) -> None:
         if summary is not None:
             out.console.print(escape(summary), style="bold")
             continue
+        if out.to_program():          # a patch into a file: the bytes patch reads
+            out.write_raw("".join(lines))
+            continue
         for line in lines:
             style = ("bold" if line.startswith(("---", "+++", "diff --git", "old mode",
                                                 "new mode"))
@@ -375,6 +385,32 @@ def render_diff(out, res: dict, content) -> None:
             out.console.print(shown, style=style, end="")
     if not res["changes"] and not out.json:
         out.say("no differences")
+
+
+def change_status(change: dict) -> str:
+    """git's --name-status letter of a change: A added, D deleted, T type changed,
+    M modified (content, mode, owner, times or xattrs)."""
+    if change["a_kind"] == "absent":
+        return "A"
+    if change["b_kind"] == "absent":
+        return "D"
+    return "T" if change["a_kind"] != change["b_kind"] else "M"
+
+
+def render_names(out, res: dict, *, status: bool) -> None:
+    """The changed paths alone (``diff --name-status``/``--name-only``): no content is
+    fetched, and no "no differences" line, so the output is a list for scripts."""
+    for change in res["changes"]:
+        letter = change_status(change)
+        if out.json:
+            out.emit("diff.change", **change, status=letter)
+            continue
+        path = _CONTROL.sub(_visible, change["path"])   # one path per line, always
+        line = f"{letter}\t{path}" if status else path
+        if out.to_program():
+            out.write_raw(line + "\n")
+        else:
+            out.say(escape(line, keep_tabs=True))
 
 
 # -- gc -----------------------------------------------------------------------------------

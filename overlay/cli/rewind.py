@@ -336,6 +336,9 @@ def cmd_diff(args, out) -> int:
         if args.path:
             params["paths"] = _rel_paths(args, ws.root)
         res = ws.call("diff", params)
+        if args.names:
+            V.render_names(out, res, status=args.names == "status")
+            return 0
 
         def content(point, path):
             sink = _ShowSink(None)
@@ -560,6 +563,12 @@ def register(sub) -> None:
     p.add_argument("b", metavar="B", nargs="?", help="the later point (default: now)")
     p.add_argument("--path", action="append", metavar="P", help="only this path (repeatable)")
     p.add_argument("--session", metavar="S", help="the session whose turn numbers A and B use")
+    names = p.add_mutually_exclusive_group()
+    names.add_argument("--name-status", dest="names", action="store_const", const="status",
+                       help="only the changed paths, each after A (added), D (deleted), "
+                       "M (modified) or T (type changed); no content is read")
+    names.add_argument("--name-only", dest="names", action="store_const", const="only",
+                       help="only the changed paths, one per line")
     options.workspace(p)
     p.set_defaults(command="diff", dir=None)
 

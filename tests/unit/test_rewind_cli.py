@@ -221,6 +221,35 @@ def test_diff_and_show(env, capfd):
     assert out == "from before\n"
 
 
+def test_diff_name_status_and_name_only_list_what_changed_as_git_does(env, capfd):
+    """After a turn that ran ``npm install`` a person asks what it touched: ``diff``
+    printed every file's whole patch, and had no way to ask for the list alone
+    (``git diff --name-status`` / ``--name-only``).  The list never reads content, so a
+    name list of 20,000 installed files costs no file read."""
+    with Store.open(env.store_path) as store:
+        h = History(store, env.root)
+        h.write(b"odd\nname", b"x")
+        h.remove(b"bin")
+        h.symlink(b"a.txt", b"bin")                      # a file became a symlink
+        h.close()
+    code, out, _ = env.run("diff", "--name-status", "t2", capfd=capfd)
+    assert code == 0
+    assert out.splitlines() == ["M\ta.txt", "T\tbin", "A\tby-hand.txt", "A\td",
+                                "A\td/x", "D\tkeep.txt", "A\todd\\nname"], out
+    code, names, _ = env.run("diff", "--name-only", "t2", "--path", "d", capfd=capfd)
+    assert code == 0 and names.splitlines() == ["d", "d/x"], names
+    code, recs, _ = env.json("diff", "--name-status", "t2", capfd=capfd)
+    assert code == 0
+    status = {r["path"]: r["status"] for r in recs if r["type"] == "diff.change"}
+    assert status == {"a.txt": "M", "bin": "T", "keep.txt": "D", "d": "A", "d/x": "A",
+                      "by-hand.txt": "A", "odd\nname": "A"}, recs
+    assert all("diff" not in r for r in recs), recs      # no content was read
+    code, out, _ = env.run("diff", "--name-only", "t2", "t2", capfd=capfd)
+    assert code == 0 and out == "", out                  # nothing, for scripts
+    code, out, err = env.run("diff", "--name-only", "--name-status", "t2", capfd=capfd)
+    assert code == 3 and "not allowed with" in err, err
+
+
 def test_a_diff_in_json_is_a_patch_that_applies(env, capfd, tmp_path):
     """The ``diff`` field of ``--json`` lost the "\\ No newline at end of file" marker the
     terminal shows: ``-one+two`` ran two lines together, and ``patch`` made a different
@@ -250,6 +279,36 @@ def test_a_diff_in_json_is_a_patch_that_applies(env, capfd, tmp_path):
     assert (work / "t").read_bytes() == b"no newline\nmore"
     code, out, _ = env.run("diff", f"e{a}", f"e{b}", "--path", "t", capfd=capfd)
     assert code == 0 and "old mode 100644" in out and out.count("No newline") == 2, out
+
+
+def test_diff_into_a_file_is_a_patch_that_applies(env, capfd, tmp_path):
+    """``rewindfs diff A B > x.patch`` then ``patch -p1 < x.patch``: the terminal's
+    rendering went into the file too — the tab after a name became spaces, so patch
+    took ``sp`` for the name ``sp ace`` and made another file; a CRLF line ended in a
+    literal ``\\r``, a form feed became ``\\x0c``.  Written to a file or pipe, the
+    diff is now the patch itself, as ``diff -u`` and ``git diff`` write it."""
+    before = {b"sp ace": b"one\n", b"crlf.txt": b"a\r\nb\r\n", b"ff.c": b"x\n\x0c\ny\n"}
+    after = {b"sp ace": b"one\ntwo\n", b"crlf.txt": b"a\r\nB\r\n", b"ff.c": b"x\n\x0c\nY\n"}
+    with Store.open(env.store_path) as store:
+        h = History(store, env.root)
+        for name, data in before.items():
+            h.write(name, data)
+        a = h.turn(3)
+        for name, data in after.items():
+            h.write(name, data)
+        b = h.end_turn()
+        h.close()
+    args = [arg for name in before for arg in ("--path", os.fsdecode(name))]
+    code, out, _ = env.run("diff", f"e{a}", f"e{b}", *args, capfd=capfd)
+    assert code == 0
+    work = tmp_path / "apply"
+    work.mkdir()
+    for name, data in before.items():
+        (work / os.fsdecode(name)).write_bytes(data)
+    res = subprocess.run(["patch", "-p1", "--no-backup-if-mismatch", "--binary"],
+                         input=out.encode(), cwd=work, capture_output=True)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert {os.fsencode(p.name): p.read_bytes() for p in work.iterdir()} == after
 
 
 def test_a_diff_names_a_symlinks_target(env, capfd):
