@@ -40,12 +40,14 @@ const SESSION_ID = /^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$/;
 const RELATIVE = /^(?:[-+~^].*|head.*|prev(?:ious)?|last|latest|back)$/i;
 
 /**
- * Parse the turn argument of `/rewind <turn>`: an absolute turn number, or a point
+ * Parse the turn argument of `/rewind <turn>`: an absolute turn number (`3` or `t3`), or a point
  * id "e<epoch>" as `/rewind` lists and the daemon accepts.
  * @param {string} text - the argument as typed.
  * @returns {{turn: number} | {point: string} | {refusal: {code: string, message: string}}} parsed turn.
  */
 export function parseTurn(text) {
+  // "t3" is the CLI's spelling of turn 3 (`rewindfs rewind t3`), so a person who uses both types it here too
+  if (/^[tT][0-9]+$/.test(text)) text = text.slice(1);
   if (/^[0-9]+$/.test(text) && Number(text) >= 1 && Number.isSafeInteger(Number(text))) return { turn: Number(text) };
   if (/^e[0-9]+$/.test(text) && Number.isSafeInteger(Number(text.slice(1)))) return { point: text };
   if (RELATIVE.test(text)) {

@@ -24,10 +24,13 @@ test('config: defaults, accepted values, refusals that name the key', () => {
 
 test('turn arguments: absolute numbers only', () => {
   assert.deepEqual(parseTurn('3'), { turn: 3 });
+  // the CLI's spelling of a turn (`rewindfs rewind t3`, `rewindfs log` prints it)
+  assert.deepEqual(parseTurn('t3'), { turn: 3 });
+  assert.deepEqual(parseTurn('T3'), { turn: 3 });
   for (const rel of ['-1', '~1', 'HEAD~1', 'head', 'prev', 'previous', 'last', '+2', '^']) {
     assert.equal(parseTurn(rel).refusal.code, 'relative-point', rel);
   }
-  for (const bad of ['0', 'two', '1.5', '1e3', '99999999999999999999']) {
+  for (const bad of ['0', 'two', '1.5', '1e3', '99999999999999999999', 't', 't0', 't-1', 'tt3', 't3x']) {
     assert.equal(parseTurn(bad).refusal.code, 'bad-turn', bad);
   }
 });
