@@ -12,14 +12,24 @@ with and the rules now — so a turn that adds a rule and then deletes what it m
 cannot take that deletion out of the history (the rule takes effect for capture at the
 next turn boundary); for a restore, the rules now and the rules of the point it goes
 back to.
+
+Matching runs on RE2 (``pathspec``'s ``re2`` backend), in time linear in the name:
+with Python's backtracking ``re`` a rule such as ``a*a*a*a*a*a*a*a*b`` takes
+exponential time on a long name that almost matches, and the daemon's one thread — so
+every process in the workspace — would wait on it.  RE2 takes only valid Unicode, so
+rules and names are read one character per byte (latin-1), which is also how git
+matches them: byte by byte.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import re
+import warnings
 
 import pathspec
+import re2
 
 from rewindfs.overlay.errors import BadIgnoreRules
 
@@ -31,12 +41,24 @@ IGNORE_FILE = b".rewindignore"
 _MAX_RULES_BYTES = 1 << 20
 
 
+# What a pattern can fail with: gitignore syntax (pathspec's GitIgnorePatternError, a
+# ValueError), and the regular expression it becomes — pathspec compiles each pattern
+# with ``re`` too, so "[z-a]", a range written backwards, fails there — or RE2.
+_BAD_PATTERN = (ValueError, re.error, re2.error)
+
+
+def _spec(lines: list[str]):
+    with warnings.catch_warnings():     # "possible nested set" from re, for "[[]" etc.:
+        warnings.simplefilter("ignore", FutureWarning)   # about re's future, not ours
+        return pathspec.GitIgnoreSpec.from_lines(lines, backend="re2")
+
+
 class IgnoreRules:
     """Compiled ignore rules; ``ignored(relpath, is_dir)`` is cheap and pure."""
 
     def __init__(self, lines: list[str] | None = None):
         self.lines = list(lines or [])
-        self._spec = pathspec.GitIgnoreSpec.from_lines(self.lines) if self.lines else None
+        self._spec = _spec(self.lines) if self.lines else None
         self._cache: dict[tuple[bytes, bool], bool] = {}
 
     @classmethod
@@ -64,16 +86,16 @@ class IgnoreRules:
         """The rules of a ``.rewindignore`` holding *data* (``BadIgnoreRules`` as
         ``load``)."""
         # Lines as git and an editor count them: split on LF only, CRLF tolerated.
-        lines = [line.removesuffix("\r")
-                 for line in data.decode("utf-8", "surrogateescape").split("\n")]
+        lines = [line.removesuffix("\r") for line in data.decode("latin-1").split("\n")]
         try:
             return cls(lines)
-        except ValueError:      # pathspec's GitIgnorePatternError
+        except _BAD_PATTERN:
             for number, line in enumerate(lines, 1):
                 try:
-                    pathspec.GitIgnoreSpec.from_lines([line])
-                except ValueError:
-                    raise BadIgnoreRules(line=number, pattern=line) from None
+                    _spec([line])
+                except _BAD_PATTERN:
+                    raise BadIgnoreRules(line=number,
+                                         pattern=os.fsdecode(line.encode("latin-1"))) from None
             raise   # the set fails but no line alone does: not ours to name
 
     def ignored(self, relpath: bytes, is_dir: bool = False) -> bool:
@@ -83,7 +105,7 @@ class IgnoreRules:
         key = (relpath, is_dir)
         hit = self._cache.get(key)
         if hit is None:
-            name = os.fsdecode(relpath) + ("/" if is_dir else "")
+            name = relpath.decode("latin-1") + ("/" if is_dir else "")
             hit = self._spec.match_file(name)
             if len(self._cache) > 100_000:  # bounded; rules are cheap to re-evaluate
                 self._cache.clear()

@@ -12,6 +12,10 @@ to track.  Real daemon, real CLI.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 from mountkit import cli, mounted
 from treesnap import compare, snapshot
 
@@ -57,3 +61,36 @@ def test_a_rule_added_in_a_turn_does_not_hide_what_the_turn_deletes(tmp_path):
         assert res.returncode == 0, res.stderr
         assert (m.ws / "b.txt").read_text() == "changed in turn 2\n"
         assert (m.ws / ".rewindignore").read_text() == "*.txt\ndata/\n"
+
+
+def test_a_rule_that_backtracks_forever_does_not_hang_the_mount(tmp_path):
+    """An agent (or a prompt it read) writes ``a*a*…*b`` into ``.rewindignore``.  The
+    rules were matched with Python's backtracking ``re``, where such a pattern against
+    a long name that almost matches takes exponential time: one create of a 200-byte
+    name hung the daemon's only thread, so every process in the workspace and every
+    turn mark hung with it.  Matching is now linear (RE2).  Names that are not UTF-8,
+    in rules and in the tree, still match byte for byte, as in git."""
+    ws, store = tmp_path / "ws", tmp_path / "store"
+    ws.mkdir()
+    (ws / ".rewindignore").write_bytes(b"a*" * 12 + b"b\n\xff*.bin\n")
+    with mounted(ws, store) as m:
+        def agent():
+            write = "import sys, os; open(os.fsencode(sys.argv[1]), 'wb').write(b'x')"
+            for name in ["a" * 200 + "c", "a" * 30 + "b", os.fsdecode(b"\xffdata.bin"),
+                         os.fsdecode(b"\xfeother.bin")]:
+                proc = subprocess.Popen([sys.executable, "-c", write, str(m.ws / name)])
+                try:
+                    assert proc.wait(timeout=60) == 0
+                except subprocess.TimeoutExpired:
+                    # the writer waits in the kernel for the daemon's answer, where no
+                    # signal reaches it: only the daemon's death lets it go
+                    m.proc.kill()
+                    proc.wait()
+                    raise AssertionError(f"creating {name[:20]}… hung the mount") from None
+
+        _turn(m.ws, m.store, 1, agent)
+        res = cli("rewind", "t1", "-C", m.ws, store=m.store)
+        assert res.returncode == 0, res.stderr
+        left = sorted(os.listdir(os.fsencode(m.ws)))
+        # the two names the rules match were ignored (kept); the others were rewound
+        assert left == sorted([b".rewindignore", b"a" * 30 + b"b", b"\xffdata.bin"]), left

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from mountkit import cli, is_rewindfs_mount, mounted
 
 ESC = "\x1b[31mred"
@@ -22,14 +23,19 @@ def _records(res) -> list[dict]:
     return [json.loads(line) for line in res.stdout.splitlines()]
 
 
-def test_invalid_ignore_file_keeps_the_previous_rules_and_says_so(tmp_path):
+# "!" alone is refused by gitignore syntax; "[z-a]" (a range written backwards) by the
+# regular expression it becomes: that one escaped as a raw ``re.error`` ("bad character
+# range z-a at position 10"), naming neither the file nor the line
+@pytest.mark.parametrize("bad", ["!", "[z-a]"])
+def test_invalid_ignore_file_keeps_the_previous_rules_and_says_so(tmp_path, bad):
+    PROBLEM = f"`.rewindignore` line 2: invalid pattern `{bad}`"
     ws, store = tmp_path / "ws", tmp_path / "store"
     ws.mkdir()
     (ws / ".rewindignore").write_text("*.log\n")
     with mounted(ws, store) as m:
         # the user's write is accepted (no EIO at close)
-        (m.ws / ".rewindignore").write_text("*.txt\n!\n")
-        assert (m.ws / ".rewindignore").read_text() == "*.txt\n!\n"
+        (m.ws / ".rewindignore").write_text(f"*.txt\n{bad}\n")
+        assert (m.ws / ".rewindignore").read_text() == f"*.txt\n{bad}\n"
         res = cli("status", "-C", ws, store=store)
         assert res.returncode == 0, res.stderr
         assert PROBLEM + "; the previous rules are in force" in res.stderr, res.stderr
@@ -59,10 +65,12 @@ def test_invalid_ignore_file_keeps_the_previous_rules_and_says_so(tmp_path):
         assert res.returncode == 0 and res.stderr == "", res.stderr
 
 
-def test_mount_over_an_invalid_ignore_file_is_refused(tmp_path):
+@pytest.mark.parametrize("bad", ["!", "[z-a]"])
+def test_mount_over_an_invalid_ignore_file_is_refused(tmp_path, bad):
+    PROBLEM = f"`.rewindignore` line 2: invalid pattern `{bad}`"
     ws, store = tmp_path / "ws", tmp_path / "store"
     ws.mkdir()
-    (ws / ".rewindignore").write_text("# build output\n!\n")
+    (ws / ".rewindignore").write_text(f"# build output\n{bad}\n")
     try:
         for extra in ([], ["--foreground"]):
             res = cli("mount", ws, *extra, store=store, timeout=60)

@@ -80,6 +80,10 @@ def test_ignore_rules_name_the_first_bad_line(tmp_path):
             IgnoreRules.load(fd)
         assert exc.value.details["line"] == 3
         assert "`.rewindignore` line 3: invalid pattern `foo\\`" in exc.value.message
+        (tmp_path / ".rewindignore").write_bytes(b"ok/\n[z-a]\n")  # a range backwards
+        with pytest.raises(BadIgnoreRules) as exc:
+            IgnoreRules.load(fd)
+        assert "`.rewindignore` line 2: invalid pattern `[z-a]`" in exc.value.message
         (tmp_path / ".rewindignore").unlink()
         (tmp_path / ".rewindignore").mkdir()     # not a file: no rules, no crash
         assert not IgnoreRules.load(fd)
