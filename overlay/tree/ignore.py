@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import stat
 import warnings
 
 import pathspec
@@ -64,16 +65,18 @@ class IgnoreRules:
     @classmethod
     def load(cls, root_fd: int) -> "IgnoreRules":
         """Read ``.rewindignore`` from the root (not following a symlink); empty if it is
-        absent or not a readable file.  A pattern gitignore syntax rejects (``!``, a
+        absent or not a readable regular file (a directory, a FIFO, a device).  A pattern gitignore syntax rejects (``!``, a
         trailing ``\\``) raises ``BadIgnoreRules`` naming its line: the caller decides
         between refusing (mount, an offline rewind) and keeping its previous rules (a
         live mount, ``fs.ops.reload_rules``) — never half a rule set."""
-        try:
-            fd = os.open(IGNORE_FILE, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC,
-                         dir_fd=root_fd)
+        try:    # O_NONBLOCK: a FIFO of that name would wait for a writer, forever
+            fd = os.open(IGNORE_FILE, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+                         | os.O_NONBLOCK | os.O_NOCTTY, dir_fd=root_fd)
         except OSError:
             return cls()
         try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return cls()
             data = os.read(fd, _MAX_RULES_BYTES)
         except OSError:     # a directory named .rewindignore, EIO: no rules, as absent
             return cls()

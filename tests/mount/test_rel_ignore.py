@@ -63,6 +63,19 @@ def test_a_rule_added_in_a_turn_does_not_hide_what_the_turn_deletes(tmp_path):
         assert (m.ws / ".rewindignore").read_text() == "*.txt\ndata/\n"
 
 
+def _answered(m, argv) -> None:
+    """Run *argv* against the mount *m*; it must end, with status 0, within a minute."""
+    proc = subprocess.Popen(argv)
+    try:
+        assert proc.wait(timeout=60) == 0
+    except subprocess.TimeoutExpired:
+        # the process waits in the kernel for the daemon's answer, where no signal
+        # reaches it: only the daemon's death lets it go
+        m.proc.kill()
+        proc.wait()
+        raise AssertionError(f"{argv[-1][:60]}: the daemon never answered") from None
+
+
 def test_a_rule_that_backtracks_forever_does_not_hang_the_mount(tmp_path):
     """An agent (or a prompt it read) writes ``a*a*…*b`` into ``.rewindignore``.  The
     rules were matched with Python's backtracking ``re``, where such a pattern against
@@ -78,15 +91,7 @@ def test_a_rule_that_backtracks_forever_does_not_hang_the_mount(tmp_path):
             write = "import sys, os; open(os.fsencode(sys.argv[1]), 'wb').write(b'x')"
             for name in ["a" * 200 + "c", "a" * 30 + "b", os.fsdecode(b"\xffdata.bin"),
                          os.fsdecode(b"\xfeother.bin")]:
-                proc = subprocess.Popen([sys.executable, "-c", write, str(m.ws / name)])
-                try:
-                    assert proc.wait(timeout=60) == 0
-                except subprocess.TimeoutExpired:
-                    # the writer waits in the kernel for the daemon's answer, where no
-                    # signal reaches it: only the daemon's death lets it go
-                    m.proc.kill()
-                    proc.wait()
-                    raise AssertionError(f"creating {name[:20]}… hung the mount") from None
+                _answered(m, [sys.executable, "-c", write, str(m.ws / name)])
 
         _turn(m.ws, m.store, 1, agent)
         res = cli("rewind", "t1", "-C", m.ws, store=m.store)
@@ -94,3 +99,22 @@ def test_a_rule_that_backtracks_forever_does_not_hang_the_mount(tmp_path):
         left = sorted(os.listdir(os.fsencode(m.ws)))
         # the two names the rules match were ignored (kept); the others were rewound
         assert left == sorted([b".rewindignore", b"a" * 30 + b"b", b"\xffdata.bin"]), left
+
+
+def test_a_fifo_named_rewindignore_does_not_hang_the_mount(tmp_path):
+    """``mkfifo .rewindignore`` (an agent's or a prank): the daemon reloads the rules
+    when that name is created, and opened the FIFO to read them — which waits for a
+    writer that never comes.  The mkfifo, and then every process in the workspace,
+    hung for good (the daemon in ``wait_for_partner``); a mount over a directory holding
+    such a FIFO never came up.  A ``.rewindignore`` that is not a regular file is no
+    rules, as a directory of that name already was."""
+    ws, store = tmp_path / "ws", tmp_path / "store"
+    ws.mkdir()
+    with mounted(ws, store) as m:
+        _answered(m, ["mkfifo", str(m.ws / ".rewindignore")])
+        _turn(m.ws, m.store, 1, lambda: _answered(m, ["touch", str(m.ws / "a.log")]))
+        assert cli("rewind", "t1", "-C", m.ws, store=m.store).returncode == 0
+        assert sorted(os.listdir(m.ws)) == [".rewindignore"]       # a.log was captured
+    res = cli("mount", ws, store=store, timeout=60)                 # over the FIFO
+    assert res.returncode == 0, res.stderr
+    assert cli("unmount", ws, store=store).returncode == 0
