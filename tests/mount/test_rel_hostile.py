@@ -22,7 +22,8 @@ import threading
 
 import pytest
 
-from mountkit import cli, mounted
+from mountkit import PYTHON, ROOT, cli, mounted
+from ptykit import Terminal
 from rewindfs.overlay.rewind.engine import apply_plan, plan_rewind
 from restorekit import History
 from rewindfs.store import Store
@@ -250,13 +251,28 @@ def test_hostile_names_and_long_paths_round_trip(tmp_path, outside):
         assert res.returncode == 0, res.stderr
         assert "new\\nline" in res.stdout
         # people's output: a name cannot drive the terminal or forge a line
-        for args in (("diff", f"e{e}"), ("rewind", f"e{e}", "--dry-run")):
-            res = cli(*args, "-C", ws, store=m.store)
-            assert res.returncode == 0, res.stderr
-            assert "\x1b" not in res.stdout and "\x07" not in res.stdout, res.stdout
-            assert "bell\\x07\\x1b[31m" in res.stdout.replace("\\[", "["), res.stdout
-            assert "new\\nline" in res.stdout, res.stdout
-            assert "/new\nline" not in res.stdout and "\nline (" not in res.stdout
+        res = cli("rewind", f"e{e}", "--dry-run", "-C", ws, store=m.store)
+        assert res.returncode == 0, res.stderr
+        assert "\x1b" not in res.stdout and "\x07" not in res.stdout, res.stdout
+        assert "bell\\x07\\x1b[31m" in res.stdout.replace("\\[", "["), res.stdout
+        assert "new\\nline" in res.stdout, res.stdout
+        assert "/new\nline" not in res.stdout and "\nline (" not in res.stdout
+        # a diff into a pipe is a patch: names escaped in its headers, the content's
+        # bytes as they are (as git writes them; patch needs them)
+        res = cli("diff", f"e{e}", "-C", ws, store=m.store)
+        assert res.returncode == 0, res.stderr
+        headers = [ln for ln in res.stdout.split("\n") if ln.startswith(("---", "+++"))]
+        assert "+++ b/bell\\x07\\x1b[31m\t(now)" in headers, headers
+        assert "+++ b/new\\nline\t(now)" in headers, headers
+        assert not any(c in ln for ln in headers for c in "\x1b\x07\r"), headers
+        assert "\n+new bell\x07\x1b[31m\n" in res.stdout, res.stdout
+        # a diff on a terminal: neither a name nor the content rings or recolours it
+        with Terminal([PYTHON, "-m", "rewindfs.overlay.cli", "--store", str(m.store),
+                       "diff", f"e{e}", "-C", str(ws)], cwd=ROOT,
+                      env=dict(os.environ, PYTHONPATH=str(ROOT))) as term:
+            assert term.wait() == 0
+            shown = term.text()
+        assert "\x07" not in shown and "bell\\x07\\x1b[31m" in shown, shown
 
         r = m.call("rewind", to=f"e{e}")
         assert r["failed"] == [], r
