@@ -130,6 +130,25 @@ class BadIgnoreRules(RewindfsError):
         return type(self)(line=self.details["line"], pattern=self.details["pattern"],
                           outcome="the previous rules are in force").message
 
+class TooManyIgnoreRules(BadIgnoreRules):
+    """`.rewindignore` has {count} patterns, more than rewindfs matches at once (at most 1,500); {outcome}.
+
+    The rules are matched with RE2, whose compiled set has a memory bound; a file past
+    it is refused as an invalid one is (``BadIgnoreRules``: the mount refuses it, a
+    mounted workspace keeps its previous rules)."""
+
+    code = "too-many-ignore-rules"
+
+    def __init__(self, message=None, *, count=0,
+                 outcome="keep the patterns that matter and try again; nothing was changed",
+                 **details):
+        RewindfsError.__init__(self, message, count=count, outcome=outcome, **details)
+
+    def kept_previous(self) -> str:
+        return type(self)(count=self.details["count"],
+                          outcome="the previous rules are in force").message
+
+
 class ForeignMount(RewindfsError):
     """{path} is served by a rewindfs daemon of uid {uid}; only that user or root can control it."""
 

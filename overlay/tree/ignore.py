@@ -32,7 +32,7 @@ import warnings
 import pathspec
 import re2
 
-from rewindfs.overlay.errors import BadIgnoreRules
+from rewindfs.overlay.errors import BadIgnoreRules, TooManyIgnoreRules
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +46,9 @@ _MAX_RULES_BYTES = 1 << 20
 # ValueError), and the regular expression it becomes — pathspec compiles each pattern
 # with ``re`` too, so "[z-a]", a range written backwards, fails there — or RE2.
 _BAD_PATTERN = (ValueError, re.error, re2.error)
+# RE2 compiles all patterns into one set within a memory bound (about 1,800 simple ones
+# fit); a fixed limit below it makes the refusal the same for every file of that size.
+MAX_PATTERNS = 1500
 
 
 def _spec(lines: list[str]):
@@ -90,6 +93,9 @@ class IgnoreRules:
         ``load``)."""
         # Lines as git and an editor count them: split on LF only, CRLF tolerated.
         lines = [line.removesuffix("\r") for line in data.decode("latin-1").split("\n")]
+        count = sum(1 for line in lines if line.strip() and not line.startswith("#"))
+        if count > MAX_PATTERNS:
+            raise TooManyIgnoreRules(count=count)
         try:
             return cls(lines)
         except _BAD_PATTERN:
@@ -99,7 +105,8 @@ class IgnoreRules:
                 except _BAD_PATTERN:
                     raise BadIgnoreRules(line=number,
                                          pattern=os.fsdecode(line.encode("latin-1"))) from None
-            raise   # the set fails but no line alone does: not ours to name
+            # the set fails but no line alone does: RE2's bound, met below the count
+            raise TooManyIgnoreRules(count=count) from None
 
     def ignored(self, relpath: bytes, is_dir: bool = False) -> bool:
         """True if *relpath* (or one of its parent directories) matches a rule."""

@@ -195,3 +195,21 @@ def test_turn_without_begin_or_end_names_them(tmp_path):
     res = cli("turn", store=tmp_path / "store")
     assert res.returncode == 3 and "begin|end" in res.stderr, res.stderr
     assert "rewindfs turn --help" in res.stderr, res.stderr
+
+
+def test_a_rewindignore_too_big_for_the_matcher_is_refused_clearly(tmp_path):
+    """RE2 compiles a bounded number of patterns at once (about 1,800).  A generated
+    ``.rewindignore`` of 5,000 lines failed with a raw "failed to compile Set"; it is
+    refused as an invalid file is (``too-many-ignore-rules``, a ``BadIgnoreRules``),
+    saying how many patterns there are and how many fit."""
+    from rewindfs.overlay.errors import BadIgnoreRules
+    from rewindfs.overlay.tree.ignore import IgnoreRules
+
+    data = "".join(f"build{i}/**/*.o\n" for i in range(5000)).encode()
+    with pytest.raises(BadIgnoreRules) as exc:
+        IgnoreRules.parse(data)
+    assert exc.value.code == "too-many-ignore-rules"
+    assert "5000 patterns" in exc.value.message and "1,500" in exc.value.message, exc.value
+    assert "the previous rules are in force" in exc.value.kept_previous()
+    rules = IgnoreRules.parse(data[: data.index(b"build1500/")])      # 1,500 fit
+    assert rules.ignored(b"build1499/x/y.o") and not rules.ignored(b"build1500/y.o")
