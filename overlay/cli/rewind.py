@@ -500,15 +500,31 @@ def cmd_gc(args, out) -> int:
     # A dry run reads the store here, never through a daemon: one started by an older
     # rewindfs ignores a parameter it does not know and would collect for real.
     live = None if args.dry_run else _live_daemon(os.fsencode(_start(args)), store_path)
-    if live is not None:
-        report = client.call(live[1], "gc", params)
-    else:   # gc is store-wide: no workspace needed
-        from rewindfs.store import Store
-        from rewindfs.overlay.control.rewind_methods import gc_sync
-        with Store.open(store_path, create=False) as store:
-            report = gc_sync(_StoreOnly(store), params, None)
+    try:
+        if live is not None:
+            report = client.call(live[1], "gc", params)
+        else:   # gc is store-wide: no workspace needed
+            from rewindfs.store import Store
+            from rewindfs.overlay.control.rewind_methods import gc_sync
+            with Store.open(store_path, create=False) as store:
+                report = gc_sync(_StoreOnly(store), params, None)
+    except KeyboardInterrupt:
+        raise _gc_interrupted(live is not None, dry_run=args.dry_run) from None
     V.render_gc(out, report)
     return 0
+
+
+def _gc_interrupted(in_daemon: bool, *, dry_run: bool) -> Interrupted:
+    """What a Ctrl-C left: a daemon runs a gc it was sent to the end (it reads the next
+    request only then, and nothing cancels a worker thread); here, each step of a gc is
+    one store transaction, so an interrupted one is undone and the steps before stand."""
+    if dry_run:
+        return Interrupted("interrupted: a dry run; nothing was changed")
+    if in_daemon:
+        return Interrupted("interrupted before the daemon answered: the gc goes on in the "
+                           "daemon if it was sent; `rewindfs status` shows it while it runs")
+    return Interrupted("interrupted: the gc stopped; what it had dropped stays dropped, "
+                       "the rest is kept; `rewindfs gc` again finishes it")
 
 
 HANDLERS = {"log": cmd_log, "rewind": cmd_rewind, "redo": cmd_redo, "diff": cmd_diff,

@@ -221,6 +221,30 @@ def _rewind_paused_at_100(tmp_path, ws: Path, name: str):
             client.wait(_WAIT_S)
 
 
+def test_ctrl_c_on_a_gc_says_it_goes_on_in_the_daemon(tmp_path):
+    """Ctrl-C on ``rewindfs gc`` while the daemon still holds it (a gc waits for a
+    running rewind): it exited 130 and said nothing, though the daemon runs the gc all
+    the same once it gets to it.  The last line says so and where to look."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    _seed(ws, 1000)
+    with _rewind_paused_at_100(tmp_path, ws, "gc") as (m, client, pause):
+        term = Terminal([REWINDFS, "--store", str(m.store), "gc", "--keep-epochs", "1000",
+                         "-C", str(ws)], cwd=ws.parent)
+        try:
+            _wait_until(lambda: _blocked_on_reply(term.pid), "gc to send its request")
+            term.ctrl_c()
+            assert term.wait() == 130, term.text()[-3000:]
+            last = term.last_line()
+            assert "gc" in last and "goes on in the daemon" in last, term.text()[-3000:]
+            assert "`rewindfs status`" in last, term.text()[-3000:]
+        finally:
+            term.close()
+        pause.unlink()
+        _wait_until(lambda: m.call("status").get("busy") is None, "the rewind and gc to end")
+        _mount_works(m, 8)
+
+
 def test_a_client_killed_mid_rewind_leaves_the_rewind_finished(tmp_path):
     ws = tmp_path / "ws"
     ws.mkdir()
