@@ -167,6 +167,22 @@ _SHARED = (b"/tmp", b"/var/tmp", b"/dev/shm", b"/run")
 _SYSTEM_TREES = (b"/proc", b"/sys", b"/dev")
 
 
+def check_named_dir(dir_path) -> None:
+    """A directory a command was pointed at (``-C DIR``) exists and is one, else
+    ``BadWorkspace`` — what ``check_workspace`` says of those two cases.  Anything else
+    (a dead daemon's mount: ``ENOTCONN``) is left to the command, which names it better."""
+    name = os.fsdecode(_fs(dir_path))
+    try:
+        st = os.stat(_fs(dir_path))
+    except (FileNotFoundError, NotADirectoryError) as exc:
+        reason = "it does not exist" if isinstance(exc, FileNotFoundError) else exc.strerror
+        raise BadWorkspace(path=name, reason=reason) from None
+    except OSError:
+        return
+    if not stat.S_ISDIR(st.st_mode):
+        raise BadWorkspace(path=name, reason="not a directory")
+
+
 def check_place(real: bytes, store_path) -> None:
     """Raise ``RefusedWorkspace`` (exit 2) if the real path *real* is a directory other
     people's or programs' files live in; ``ForeignMount`` if it is at or inside another

@@ -32,7 +32,7 @@ from rewindfs.store._errors import InternalError, RewindfsError
 from rewindfs.overlay.cli import mount, options, remote, rewind
 from rewindfs.overlay.cli.render import escape
 from rewindfs.overlay.errors import Interrupted, StaleMount, UsageError
-from rewindfs.overlay.places import DEAD_MOUNT
+from rewindfs.overlay.places import DEAD_MOUNT, check_named_dir
 from rewindfs.overlay.cli.exits import EXIT_INTERRUPTED, EXIT_PIPE_CLOSED
 
 __all__ = ["Output", "build_parser", "main"]
@@ -149,6 +149,8 @@ def main(argv=None) -> int:
         handler = table.get(args.command)
         if handler is None:
             raise UsageError("name a command (rewindfs --help lists them)")
+        if getattr(args, "workspace", None):        # -C DIR: say so if it is not one
+            check_named_dir(args.workspace)
         return int(handler(args, out) or 0)
     except RewindfsError as exc:
         out.error(exc)

@@ -103,3 +103,24 @@ def test_every_usage_error_points_to_help(tmp_path, argv):
     record = json.loads(res.stdout)
     assert res.returncode == 3 and record["code"] == "usage", (argv, record)
     assert "--help)" in record["message"], (argv, record)
+
+
+@pytest.mark.parametrize("argv", [["status"], ["log"], ["rewind", "t1"], ["diff", "t1"],
+                                  ["turn", "begin", "--session", "s", "--turn", "1"],
+                                  ["push"], ["show", "t1", "f"]])
+@pytest.mark.parametrize("target", ["missing", "file"])
+def test_a_dash_c_that_is_no_directory_is_named_so(tmp_path, argv, target):
+    """``-C /typo`` said "not served by a rewindfs daemon" or "not a rewindfs
+    workspace … mount it first" — advice that cannot work for a directory that is not
+    there.  As ``mount`` and ``run`` already said, and as ``git -C`` does, it is named:
+    ``bad-workspace``, exit 2, nothing made."""
+    path = tmp_path / ("nope" if target == "missing" else "f")
+    if target == "file":
+        path.write_text("x")
+    res = subprocess.run([str(REWINDFS), "--json", "--store", str(tmp_path / "s"), *argv,
+                          "-C", str(path)], capture_output=True, text=True, timeout=120)
+    record = json.loads(res.stdout.splitlines()[-1])
+    assert res.returncode == 2 and record["code"] == "bad-workspace", (argv, record)
+    reason = "it does not exist" if target == "missing" else "not a directory"
+    assert record["message"] == f"{path} is not a directory ({reason}).", record
+    assert not (tmp_path / "s").exists()
