@@ -314,11 +314,32 @@ def _diff_lines(change: dict, a_name: str, b_name: str, a: bytes | None, b: byte
     # name up to it (a name with spaces stays one name).
     lines = difflib.unified_diff(
         _lines(a), _lines(b),
-        fromfile="/dev/null" if a is None else f"a/{path}",
-        tofile="/dev/null" if b is None else f"b/{path}",
+        fromfile="/dev/null" if a is None else _header_name("a/", change["path"]),
+        tofile="/dev/null" if b is None else _header_name("b/", change["path"]),
         fromfiledate="" if a is None else f"({a_name})",
         tofiledate="" if b is None else f"({b_name})")
-    return _mode_header(change, path) + [_ended(line) for line in lines], None
+    return _mode_header(change) + [_ended(line) for line in lines], None
+
+
+# git's C quoting of a name in a patch header (quote_c_style): patch and git apply
+# read it back, so a newline in a name neither forges a header nor names another file
+_C_ESCAPES = {7: "\\a", 8: "\\b", 9: "\\t", 10: "\\n", 11: "\\v", 12: "\\f", 13: "\\r",
+              ord('"'): '\\"', ord("\\"): "\\\\"}
+
+
+def _header_name(prefix: str, path: str) -> str:
+    """``prefix + path`` for a ``---``/``+++`` line: as it is, or C-quoted as git
+    writes it when the name holds a control character, a quote, a backslash or bytes
+    that are not UTF-8 (valid UTF-8 stays readable: git's ``core.quotePath=false``)."""
+    raw = os.fsencode(path)
+    plain = raw.decode("utf-8", "replace")
+    if "\ufffd" not in plain and not any(b < 0x20 or b == 0x7F or b in (0x22, 0x5C)
+                                         for b in raw):
+        return prefix + path
+    out = []
+    for ch in (prefix + path).encode("utf-8", "surrogateescape"):
+        out.append(_C_ESCAPES.get(ch) or (chr(ch) if 0x20 <= ch < 0x7F else f"\\{ch:03o}"))
+    return '"' + "".join(out) + '"'
 
 
 def _lines(data: bytes | None) -> list[str]:
@@ -335,7 +356,7 @@ def _kind(kind: str, content: bytes | None) -> str:
     return kind
 
 
-def _mode_header(change: dict, path: str) -> list[str]:
+def _mode_header(change: dict) -> list[str]:
     """git's extended header for a mode that changed beside the content (patch and
     git apply set it): nothing when it did not, or a side is absent."""
     if "file" != change["a_kind"] or "file" != change["b_kind"]:
@@ -343,7 +364,8 @@ def _mode_header(change: dict, path: str) -> list[str]:
     if change["a_mode"] == change["b_mode"]:
         return []
     regular = stat.S_IFREG      # git writes the file type too: 100644
-    return [f"diff --git a/{path} b/{path}\n", f"old mode {regular | change['a_mode']:o}\n",
+    a, b = _header_name("a/", change["path"]), _header_name("b/", change["path"])
+    return [f"diff --git {a} {b}\n", f"old mode {regular | change['a_mode']:o}\n",
             f"new mode {regular | change['b_mode']:o}\n"]
 
 

@@ -257,13 +257,13 @@ def test_hostile_names_and_long_paths_round_trip(tmp_path, outside):
         assert "bell\\x07\\x1b[31m" in res.stdout.replace("\\[", "["), res.stdout
         assert "new\\nline" in res.stdout, res.stdout
         assert "/new\nline" not in res.stdout and "\nline (" not in res.stdout
-        # a diff into a pipe is a patch: names escaped in its headers, the content's
+        # a diff into a pipe is a patch: names C-quoted in its headers, the content's
         # bytes as they are (as git writes them; patch needs them)
         res = cli("diff", f"e{e}", "-C", ws, store=m.store)
         assert res.returncode == 0, res.stderr
         headers = [ln for ln in res.stdout.split("\n") if ln.startswith(("---", "+++"))]
-        assert "+++ b/bell\\x07\\x1b[31m\t(now)" in headers, headers
-        assert "+++ b/new\\nline\t(now)" in headers, headers
+        assert '+++ "b/bell\\a\\033[31m"\t(now)' in headers, headers     # git's C quoting
+        assert '+++ "b/new\\nline"\t(now)' in headers, headers
         assert not any(c in ln for ln in headers for c in "\x1b\x07\r"), headers
         assert "\n+new bell\x07\x1b[31m\n" in res.stdout, res.stdout
         # a diff on a terminal: neither a name nor the content rings or recolours it

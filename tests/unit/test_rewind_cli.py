@@ -286,9 +286,15 @@ def test_diff_into_a_file_is_a_patch_that_applies(env, capfd, tmp_path):
     rendering went into the file too — the tab after a name became spaces, so patch
     took ``sp`` for the name ``sp ace`` and made another file; a CRLF line ended in a
     literal ``\\r``, a form feed became ``\\x0c``.  Written to a file or pipe, the
-    diff is now the patch itself, as ``diff -u`` and ``git diff`` write it."""
-    before = {b"sp ace": b"one\n", b"crlf.txt": b"a\r\nb\r\n", b"ff.c": b"x\n\x0c\ny\n"}
-    after = {b"sp ace": b"one\ntwo\n", b"crlf.txt": b"a\r\nB\r\n", b"ff.c": b"x\n\x0c\nY\n"}
+    diff is now the patch itself, as ``diff -u`` and ``git diff`` write it; a name with
+    a newline, tab, quote, backslash or bytes that are not UTF-8 is C-quoted in the
+    headers as git quotes it (``"b/new\\nline"``), which patch and git apply read."""
+    before = {b"sp ace": b"one\n", b"crlf.txt": b"a\r\nb\r\n", b"ff.c": b"x\n\x0c\ny\n",
+              b"new\nline": b"1\n", b"tab\tq\"uote\\": b"2\n", b"\xff\xfebad": b"3\n",
+              b"caf\xc3\xa9": b"4\n"}
+    after = {b"sp ace": b"one\ntwo\n", b"crlf.txt": b"a\r\nB\r\n", b"ff.c": b"x\n\x0c\nY\n",
+             b"new\nline": b"1\n1\n", b"tab\tq\"uote\\": b"2\n2\n", b"\xff\xfebad": b"3\n3\n",
+             b"caf\xc3\xa9": b"4\n4\n"}
     with Store.open(env.store_path) as store:
         h = History(store, env.root)
         for name, data in before.items():
