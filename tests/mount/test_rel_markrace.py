@@ -27,6 +27,11 @@ pytestmark = pytest.mark.mount
 
 RECORD = 512            # bytes per write(2): a whole record, so a prefix is recognisable
 MARKS = 12
+# A log's pace, not a disk's: each mark copies the whole file, and while it copies, an
+# unpaced appender (passthrough writes at page-cache speed) may add more than the copy
+# took in, so the file grew geometrically — 4.2 GB by the last mark on one CI run, whose
+# `show`s then ran the test machine out of memory.  32 KiB, then a millisecond's rest.
+PACE_RECORDS, PACE_S = 64, 0.001
 
 VARIANTS = {
     "default": {},                                # passthrough as root (kernel session)
@@ -40,8 +45,8 @@ def _record(i: int) -> bytes:
 
 
 class Appender(threading.Thread):
-    """Appends numbered records to *path* until stopped; ``done`` counts the write(2)
-    calls that have returned."""
+    """Appends numbered records to *path* until stopped, paced (``PACE_RECORDS``);
+    ``done`` counts the write(2) calls that have returned."""
 
     def __init__(self, path):
         super().__init__(daemon=True)
@@ -57,6 +62,8 @@ class Appender(threading.Thread):
                 while not self.stop.is_set():
                     assert os.write(fd, _record(self.done)) == RECORD
                     self.done += 1
+                    if self.done % PACE_RECORDS == 0:
+                        time.sleep(PACE_S)
             finally:
                 os.close(fd)
         except BaseException as exc:   # reported by the test, not lost in the thread
@@ -80,6 +87,10 @@ def test_each_mark_records_a_state_the_racing_appender_left(tmp_path, env):
                 before = writer.done
                 epoch = m.call("turn.begin", session="s", turn=turn, label=f"t{turn}")["epoch"]
                 marks.append((epoch, before, writer.done))
+            deadline = time.monotonic() + 30      # a write after the last mark, too
+            while writer.done <= marks[-1][2] and writer.is_alive() \
+                    and time.monotonic() < deadline:
+                time.sleep(PACE_S)
         finally:
             writer.stop.set()
             writer.join(30)
