@@ -68,10 +68,12 @@ class IgnoreRules:
     @classmethod
     def load(cls, root_fd: int) -> "IgnoreRules":
         """Read ``.rewindignore`` from the root (not following a symlink); empty if it is
-        absent or not a readable regular file (a directory, a FIFO, a device).  A pattern gitignore syntax rejects (``!``, a
-        trailing ``\\``) raises ``BadIgnoreRules`` naming its line: the caller decides
-        between refusing (mount, an offline rewind) and keeping its previous rules (a
-        live mount, ``fs.ops.reload_rules``) — never half a rule set."""
+        absent or not a readable regular file (a directory, a FIFO, a device).  A
+        pattern gitignore syntax rejects (``!``, a trailing ``\\``) or one the
+        matcher cannot compile raises ``BadIgnoreRules`` naming its line (too many
+        patterns: ``TooManyIgnoreRules``): the caller decides between refusing (mount,
+        an offline rewind) and keeping its previous rules (a live mount,
+        ``fs.ops.reload_rules``) — never half a rule set."""
         try:    # O_NONBLOCK: a FIFO of that name would wait for a writer, forever
             fd = os.open(IGNORE_FILE, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
                          | os.O_NONBLOCK | os.O_NOCTTY, dir_fd=root_fd)
