@@ -515,14 +515,12 @@ def cmd_gc(args, out) -> int:
 
 
 def _gc_interrupted(in_daemon: bool, *, dry_run: bool) -> Interrupted:
-    """What a Ctrl-C left: a daemon runs a gc it was sent to the end (it reads the next
-    request only then, and nothing cancels a worker thread); here, each step of a gc is
-    one store transaction, so an interrupted one is undone and the steps before stand."""
-    if dry_run:
-        return Interrupted("interrupted: a dry run; nothing was changed")
-    if in_daemon:
-        return Interrupted("interrupted before the daemon answered: the gc goes on in the "
-                           "daemon if it was sent; `rewindfs status` shows it while it runs")
+    """What a Ctrl-C left.  A daemon runs a gc it was sent to the end (it reads the next
+    request only then, and nothing cancels a worker thread): ``_Landing``'s words for a
+    sent request.  Here, each step of a gc is one store transaction, so an interrupted
+    one is undone and the steps before it stand."""
+    if dry_run or in_daemon:
+        return _Landing("gc", dry_run=dry_run).interrupted(mounted=True)
     return Interrupted("interrupted: the gc stopped; what it had dropped stays dropped, "
                        "the rest is kept; `rewindfs gc` again finishes it")
 
