@@ -54,7 +54,7 @@ class RemoteWorkspace:
     head: list | None = None                       # [[path, fields]]
     head_digest: bytes | None = None
 
-    def merge(self, seg: dict, key: str = "") -> None:
+    def merge(self, seg: dict, key: str) -> None:
         """Add segment ``seg`` (read from ``key``).  Every path it names is checked
         first: anyone who can write the bucket can add a segment whose name matches
         its content, so a path out of the workspace is refused here, before a blob is
