@@ -85,6 +85,16 @@ class Output:
         tabs, and ``escape`` shows ``\\r``: either breaks a patch)."""
         self.stream.write(text)
 
+    def write_bytes(self, data: bytes) -> None:
+        """``data`` exactly, for names that are not UTF-8 (``diff -z``)."""
+        self.stream.flush()
+        buffer = getattr(self.stream, "buffer", None)
+        if buffer is None:
+            self.stream.write(data.decode("utf-8", "surrogateescape"))
+        else:
+            buffer.write(data)
+            buffer.flush()
+
     def say_stderr(self, text: str) -> None:
         """A line for people on stderr, plain, as a shell says a command did not start
         (suppressed in ``--json`` mode, whose record says it)."""

@@ -328,18 +328,29 @@ _C_ESCAPES = {7: "\\a", 8: "\\b", 9: "\\t", 10: "\\n", 11: "\\v", 12: "\\f", 13:
 
 
 def _header_name(prefix: str, path: str) -> str:
-    """``prefix + path`` for a ``---``/``+++`` line: as it is, or C-quoted as git
-    writes it when the name holds a control character, a quote, a backslash or bytes
-    that are not UTF-8 (valid UTF-8 stays readable: git's ``core.quotePath=false``)."""
-    raw = os.fsencode(path)
-    plain = raw.decode("utf-8", "replace")
-    if "\ufffd" not in plain and not any(b < 0x20 or b == 0x7F or b in (0x22, 0x5C)
-                                         for b in raw):
-        return prefix + path
-    out = []
-    for ch in (prefix + path).encode("utf-8", "surrogateescape"):
-        out.append(_C_ESCAPES.get(ch) or (chr(ch) if 0x20 <= ch < 0x7F else f"\\{ch:03o}"))
-    return '"' + "".join(out) + '"'
+    """``prefix + path`` for a ``---``/``+++`` line, C-quoted when git would quote it."""
+    return c_quoted(prefix + path)
+
+
+def c_quoted(name: str) -> str:
+    """*name* as git writes a path to a program: as it is, or C-quoted when it holds a
+    control character, a quote, a backslash or bytes that are not UTF-8 (valid UTF-8
+    stays readable: git's ``core.quotePath=false``).  A quoted name is one line, and
+    ``patch``/``git apply`` read it back."""
+    raw = os.fsencode(name)
+    try:
+        raw.decode("utf-8")
+        high = 0x100         # valid UTF-8: its letters stay as they are, quoted or not
+    except UnicodeDecodeError:
+        high = 0x80
+    if high == 0x100 and not any(b < 0x20 or b == 0x7F or b in (0x22, 0x5C) for b in raw):
+        return name
+    out = bytearray(b'"')
+    for ch in raw:
+        esc = _C_ESCAPES.get(ch)
+        out += esc.encode() if esc else (
+            bytes([ch]) if 0x20 <= ch < 0x7F or 0x80 <= ch < high else b"\\%03o" % ch)
+    return (out + b'"').decode()
 
 
 def _lines(data: bytes | None) -> list[str]:
@@ -419,16 +430,22 @@ def change_status(change: dict) -> str:
     return "T" if change["a_kind"] != change["b_kind"] else "M"
 
 
-def render_names(out, res: dict, *, status: bool) -> None:
+def render_names(out, res: dict, *, status: bool, nul: bool = False) -> None:
     """The changed paths alone (``diff --name-status``/``--name-only``): no content is
-    fetched, and no "no differences" line, so the output is a list for scripts."""
+    fetched, and no "no differences" line, so the output is a list for scripts.  Names
+    are written as git writes them: C-quoted when they need it, or, with ``nul`` (``-z``)
+    into a file or pipe, as they are and ended by a NUL."""
     for change in res["changes"]:
         letter = change_status(change)
         if out.json:
             out.emit("diff.change", **change, status=letter)
             continue
-        path = _CONTROL.sub(_visible, change["path"])   # one path per line, always
-        line = f"{letter}\t{path}" if status else path
+        if nul and out.to_program():
+            out.write_bytes((f"{letter}\0" if status else "").encode()
+                            + os.fsencode(change["path"]) + b"\0")
+            continue
+        name = c_quoted(change["path"])          # one path per line, always
+        line = f"{letter}\t{name}" if status else name
         if out.to_program():
             out.write_raw(line + "\n")
         else:

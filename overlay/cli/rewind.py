@@ -327,6 +327,9 @@ def cmd_redo(args, out) -> int:
 
 
 def cmd_diff(args, out) -> int:
+    if args.nul and not args.names:
+        raise errors.UsageError("-z lists names: it needs --name-only or --name-status "
+                         "(see rewindfs diff --help)")
     with open_workspace(args, out) as ws:
         params = {"a": args.a}
         if args.b is not None:
@@ -337,7 +340,7 @@ def cmd_diff(args, out) -> int:
             params["paths"] = _rel_paths(args, ws.root)
         res = ws.call("diff", params)
         if args.names:
-            V.render_names(out, res, status=args.names == "status")
+            V.render_names(out, res, status=args.names == "status", nul=args.nul)
             return 0
 
         def content(point, path):
@@ -583,6 +586,10 @@ def register(sub) -> None:
                        "M (modified) or T (type changed); no content is read")
     names.add_argument("--name-only", dest="names", action="store_const", const="only",
                        help="only the changed paths, one per line")
+    p.add_argument("-z", dest="nul", action="store_true",
+                   help="with --name-only/--name-status into a file or pipe: each name "
+                   "as it is, ended by a NUL (without -z, a name with a newline, tab, "
+                   "quote or backslash is C-quoted, as git quotes it)")
     options.workspace(p)
     p.set_defaults(command="diff", dir=None)
 

@@ -235,7 +235,7 @@ def test_diff_name_status_and_name_only_list_what_changed_as_git_does(env, capfd
     code, out, _ = env.run("diff", "--name-status", "t2", capfd=capfd)
     assert code == 0
     assert out.splitlines() == ["M\ta.txt", "T\tbin", "A\tby-hand.txt", "A\td",
-                                "A\td/x", "D\tkeep.txt", "A\todd\\nname"], out
+                                "A\td/x", "D\tkeep.txt", 'A\t"odd\\nname"'], out
     code, names, _ = env.run("diff", "--name-only", "t2", "--path", "d", capfd=capfd)
     assert code == 0 and names.splitlines() == ["d", "d/x"], names
     code, recs, _ = env.json("diff", "--name-status", "t2", capfd=capfd)
@@ -248,6 +248,61 @@ def test_diff_name_status_and_name_only_list_what_changed_as_git_does(env, capfd
     assert code == 0 and out == "", out                  # nothing, for scripts
     code, out, err = env.run("diff", "--name-only", "--name-status", "t2", capfd=capfd)
     assert code == 3 and "not allowed with" in err, err
+
+
+def _git(cwd, *args) -> bytes:
+    return subprocess.run(["git", "-c", "core.quotePath=false", *args], cwd=cwd,
+                          check=True, capture_output=True).stdout
+
+
+def test_a_name_list_quotes_names_as_git_does_and_dash_z_gives_them_raw(env, capfd,
+                                                                         tmp_path):
+    """A script reads ``rewindfs diff --name-only`` one line per path, as it reads
+    ``git diff --name-only``.  A name holding a newline came out as ``odd\\nname``:
+    the same text as a real file named with a backslash and an ``n``, so the script
+    could not tell which it was; git C-quotes such a name (``"odd\\nname"``), and
+    ``-z`` gives every name raw, ended by a NUL.  Checked against git itself."""
+    names = [b"sp ace", b"new\nline", b"tab\tq\"uote\\", b"caf\xc3\xa9", b"back\\n",
+             b"caf\xc3\xa9\tt"]
+    with Store.open(env.store_path) as store:
+        h = History(store, env.root)
+        for name in names[:3]:
+            h.write(name, b"old\n")
+        a = h.turn(3)
+        h.write(names[0], b"new\n")          # M
+        h.remove(names[1])                   # D
+        h.remove(names[2])
+        h.symlink(b"sp ace", names[2])       # T: a file became a symlink
+        for name in names[3:]:
+            h.write(name, b"added\n")        # A
+        b = h.end_turn()
+        h.close()
+    repo = tmp_path / "git"
+    repo.mkdir()
+    _git(repo, "init", "-q")
+    for name in names[:3]:
+        (repo / os.fsdecode(name)).write_bytes(b"old\n")
+    _git(repo, "add", "-A")
+    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "before")
+    (repo / "sp ace").write_bytes(b"new\n")
+    (repo / "new\nline").unlink()
+    (repo / os.fsdecode(names[2])).unlink()
+    os.symlink("sp ace", repo / os.fsdecode(names[2]))
+    for name in names[3:]:
+        (repo / os.fsdecode(name)).write_bytes(b"added\n")
+    _git(repo, "add", "-A")
+    paths = [arg for name in names for arg in ("--path", os.fsdecode(name))]
+    for flags in (["--name-status"], ["--name-only"], ["--name-status", "-z"],
+                  ["--name-only", "-z"]):
+        want = _git(repo, "diff", "--cached", "--no-renames", *flags)
+        code = main(["--store", str(env.store_path), "diff", f"e{a}", f"e{b}", *paths,
+                     *flags])
+        out, _ = capfd.readouterr()
+        assert code == 0
+        assert os.fsencode(out) == want, (flags, out, want)
+    code = main(["--store", str(env.store_path), "diff", f"e{a}", "-z"])
+    _, err = capfd.readouterr()
+    assert code == 3 and "-z lists names" in err, err
 
 
 def test_a_diff_in_json_is_a_patch_that_applies(env, capfd, tmp_path):
