@@ -144,16 +144,14 @@ def check_workspace(dir_path, store_path) -> bytes:
     name = os.fsdecode(raw)
     check_place(real, store_path)
     try:
-        st = os.stat(real)
         os.statvfs(real)  # never answered from a cache: a dead daemon's mount shows here
-    except FileNotFoundError:
-        raise BadWorkspace(path=name, reason="it does not exist") from None
+    except (FileNotFoundError, NotADirectoryError):
+        pass              # named by check_named_dir, as for -C
     except OSError as exc:
         if exc.errno in DEAD_MOUNT:
             raise StaleMount(path=name) from None
         raise BadWorkspace(path=name, reason=exc.strerror) from None
-    if not stat.S_ISDIR(st.st_mode):
-        raise BadWorkspace(path=name, reason="not a directory")
+    check_named_dir(real, shown=name)
     store_real = os.path.realpath(_fs(store_path))
     if is_inside(store_real, real):
         raise StoreInsideWorkspace(store=os.fsdecode(store_real), workspace=os.fsdecode(real))
@@ -167,11 +165,12 @@ _SHARED = (b"/tmp", b"/var/tmp", b"/dev/shm", b"/run")
 _SYSTEM_TREES = (b"/proc", b"/sys", b"/dev")
 
 
-def check_named_dir(dir_path) -> None:
-    """A directory a command was pointed at (``-C DIR``) exists and is one, else
-    ``BadWorkspace`` — what ``check_workspace`` says of those two cases.  Anything else
-    (a dead daemon's mount: ``ENOTCONN``) is left to the command, which names it better."""
-    name = os.fsdecode(_fs(dir_path))
+def check_named_dir(dir_path, *, shown: str | None = None) -> None:
+    """A directory a command was pointed at (``-C DIR``, ``mount DIR``) exists and is
+    one, else ``BadWorkspace`` naming it as *shown* (default: *dir_path*).  Anything
+    else (a dead daemon's mount: ``ENOTCONN``) is left to the caller, which names it
+    better (``check_workspace``: ``StaleMount``)."""
+    name = shown if shown is not None else os.fsdecode(_fs(dir_path))
     try:
         st = os.stat(_fs(dir_path))
     except (FileNotFoundError, NotADirectoryError) as exc:
