@@ -12,7 +12,7 @@ plugin installed into the web profile and the scripted model endpoint:
 - the header's "undo the rewind that landed here" → the tree after turn 2, the mark
   is gone; "rewind status" → its answer in the transcript;
 - ``/rewind`` typed in the composer; a running turn → the control refuses (busy);
-- ``/rewind 2`` typed in the composer → the host's own fork, listed under the
+- ``/rewind t2`` typed in the composer → the host's own fork, listed under the
   workspace too, the reply naming it;
 - the control while another agent's turn is open in the workspace → the web fork is
   made, the host refuses (turn-open), and that fork is archived: the session list is
@@ -263,9 +263,11 @@ def check_busy(page, ws, gate):
 
 
 def check_typed_rewind(page, ws, before_turn2_files):
-    """`/rewind 2` typed in the composer: the host forks, and the fork is listed under
-    the workspace too; the reply names the child and how to open it."""
-    send(page, "/rewind 2")
+    """`/rewind t2` typed in the composer — the CLI's spelling of turn 2, which a person
+    who uses both types here too (the control sends `/rewind 2`): the host forks, and
+    the fork is listed under the workspace too; the reply names the child and how to
+    open it."""
+    send(page, "/rewind t2")
     reply = page.do("text", target=f'{COMMAND_VIEW}[data-command="rewind"]:has-text("rewound the files") pre')["text"]
     assert "rewindfs: open session session-" in reply and "(web UI: the session list, under this workspace" in reply, reply
     page.shot("8-typed-rewind-2")
