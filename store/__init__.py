@@ -19,6 +19,7 @@ _PUBLIC = {
                     "_errors"),
     **dict.fromkeys(["GcReport"], "_gc"),
     **dict.fromkeys(["Recorded"], "_journal"),
+    **dict.fromkeys(["MAX_SESSION", "MAX_TURN"], "_limits"),
     **dict.fromkeys(["Action", "Plan"], "_plan"),
     **dict.fromkeys(["PreImage", "check_relpath"], "_preimage"),
     **dict.fromkeys(["Store"], "_store"),

@@ -22,8 +22,7 @@ from . import _epoch
 from . import _schema as S
 from ._errors import (AmbiguousPoint, BadPoint, BadSession, SessionConflict, TurnOpen,
                       UnknownPoint)
-
-MAX_SESSION = 256
+from ._limits import MAX_SESSION
 _RELATIVE_WORDS = {"prev", "previous", "last", "head", "next", "latest", "current"}
 _EPOCH_RE = re.compile(r"(?:e|epoch:)(\d+)")
 _TURN_RE = re.compile(r"(?:t|turn:)?(\d+)")

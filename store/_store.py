@@ -30,6 +30,7 @@ from . import _schema as S
 from ._blob import BlobArea
 from ._errors import NothingToRedo, StoreError
 from ._location import check_outside, is_inside
+from ._limits import MAX_TURN
 from ._preimage import PreImage, check_relpath
 from ._usage import usage
 
@@ -217,7 +218,7 @@ class Store:
         ``(path, PreImage)`` pairs recorded in the epoch returned, in the same
         transaction — the epoch never exists without them (``journal.record``)."""
         _session.check_session(session)
-        if not isinstance(turn, int) or isinstance(turn, bool) or not 0 <= turn < 1 << 32:
+        if not isinstance(turn, int) or isinstance(turn, bool) or not 0 <= turn <= MAX_TURN:
             raise _session.BadSession(session=session, reason=f"bad turn number {turn!r}")
         with self._w() as txn:
             e = _session.begin_turn(txn, self._db, ws, session, turn, str(label),

@@ -726,7 +726,7 @@ def register(sub) -> None:
     turn.set_defaults(command=None)
     p = tsub.add_parser("begin", help="start a turn")
     p.add_argument("--session", required=True, metavar="S", help="the session the turn belongs to")
-    p.add_argument("--turn", type=int, required=True, metavar="N",
+    p.add_argument("--turn", type=options.turn_number, required=True, metavar="N",
                    help="the turn's number in its session (1, 2, …)")
     p.add_argument("--label", default="", help="what the turn is about (its first line is kept)")
     p.add_argument("--force", action="store_true",

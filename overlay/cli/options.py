@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import argparse
 
-__all__ = ["DEFAULTS", "common", "count", "workspace"]
+from rewindfs.store._limits import MAX_TURN
+
+__all__ = ["DEFAULTS", "common", "count", "turn_number", "workspace"]
 
 # Attributes only some commands define: None unless the command sets them.
 DEFAULTS = {"workspace": None, "dir": None, "path": None}
@@ -38,4 +40,17 @@ def count(text: str) -> int:
         n = 0
     if n < 1:
         raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {text!r}")
+    return n
+
+
+def turn_number(text: str) -> int:
+    """An argparse ``type``: a turn number, 1 to ``MAX_TURN`` (the store's range; past
+    it the daemon's refusal blamed the session)."""
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if not 1 <= n <= MAX_TURN:
+        raise argparse.ArgumentTypeError(f"expected a turn number from 1 to {MAX_TURN}, "
+                                         f"got {text!r}")
     return n

@@ -21,6 +21,7 @@ import os
 import trio
 
 from rewindfs.store._errors import InternalError, RewindfsError
+from rewindfs.store._limits import MAX_TURN
 
 from rewindfs.overlay.control import history, remote_methods, rewind_methods
 from rewindfs.overlay.control.autopush import final_bound_s
@@ -38,7 +39,7 @@ __all__ = ["TABLE", "dispatch"]
 
 async def turn_begin(ctx: DaemonHost, params: dict, emit) -> dict:
     session = req_str(params, "session", "turn.begin")
-    turn = req_int(params, "turn", "turn.begin", minimum=1)
+    turn = req_int(params, "turn", "turn.begin", minimum=1, maximum=MAX_TURN)
     label = params.get("label", "")
     if not isinstance(label, str):
         raise BadParams(method="turn.begin", reason="'label' must be a string")

@@ -102,11 +102,16 @@ def opt_str(params: dict, name: str, method: str) -> str | None:
     return req_str(params, name, method)
 
 
-def req_int(params: dict, name: str, method: str, *, minimum: int | None = None) -> int:
+def req_int(params: dict, name: str, method: str, *, minimum: int | None = None,
+            maximum: int | None = None) -> int:
     value = params.get(name)
     if not isinstance(value, int) or isinstance(value, bool) or (
-            minimum is not None and value < minimum):
-        bound = f" ≥ {minimum}" if minimum is not None else ""
+            minimum is not None and value < minimum) or (
+            maximum is not None and value > maximum):
+        if maximum is not None:
+            bound = f" from {minimum} to {maximum}"
+        else:
+            bound = f" ≥ {minimum}" if minimum is not None else ""
         raise BadParams(method=method, reason=f"{name!r} must be an integer{bound}")
     return value
 

@@ -105,6 +105,22 @@ def test_every_usage_error_points_to_help(tmp_path, argv):
     assert "--help)" in record["message"], (argv, record)
 
 
+@pytest.mark.parametrize("turn", ["0", "-1", "4294967296", "99999999999999999999999", "x"])
+def test_a_turn_number_out_of_range_is_a_usage_error_naming_the_option(tmp_path, turn):
+    """``turn begin --turn 0`` answered "Bad parameters for turn.begin: 'turn' must be
+    an integer ≥ 1" (the protocol's words, not the command line's), and ``--turn
+    99999999999999999999999`` "Bad session or turn (session 's1'): bad turn number …"
+    (``bad-session``, blaming the session).  Both are the option's fault: a usage
+    error naming ``--turn`` and the range, before any daemon or store is asked."""
+    res = subprocess.run([str(REWINDFS), "--json", "--store", str(tmp_path / "s"), "turn",
+                          "begin", "--session", "s1", "--turn", turn, "-C", str(tmp_path)],
+                         capture_output=True, text=True, timeout=120)
+    record = json.loads(res.stdout.splitlines()[-1])
+    assert res.returncode == 3 and record["code"] == "usage", record
+    assert "--turn" in record["message"] and "1 to 4294967295" in record["message"], record
+    assert not (tmp_path / "s").exists()
+
+
 @pytest.mark.parametrize("argv", [["status"], ["log"], ["rewind", "t1"], ["diff", "t1"],
                                   ["turn", "begin", "--session", "s", "--turn", "1"],
                                   ["push"], ["show", "t1", "f"]])

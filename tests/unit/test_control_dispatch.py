@@ -421,6 +421,9 @@ async def test_a_parameter_the_method_does_not_take_is_refused_before_it_runs(d)
     await d.refused("turn.begin", "bad-params", session="s", turn=2, label="x",
                     colour="blue")
     await d.refused("status", "bad-params", no_such_option=1)
+    # a turn past the store's range was refused as bad-session, blaming the session
+    err = await d.refused("turn.begin", "bad-params", session="s", turn=1 << 32, label="x")
+    assert "'turn' must be an integer from 1 to 4294967295" in err["message"], err
     assert tree(d.root) == {"f": b"v2"}
     for method in methods.TABLE:            # every method says what it takes
         assert method in methods.PARAMS, method
