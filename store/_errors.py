@@ -201,6 +201,13 @@ class BadRemoteUrl(RemoteError):
     exit_code = EXIT_USAGE
 
 
+class BadRemoteName(RemoteError):
+    """Bad remote name {remote!r}: {reason}."""
+
+    code = "bad-remote-name"
+    exit_code = EXIT_USAGE
+
+
 class UnknownRemote(RemoteError):
     """No remote named {remote!r} (see `rewindfs remote list`)."""
 

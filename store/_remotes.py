@@ -9,22 +9,13 @@ the AWS chain.
 
 from __future__ import annotations
 
-import re
 import secrets
 import time
 
 from . import _schema as S
-from ._errors import BadRemoteUrl, RemoteExists, UnknownRemote
-
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+from ._errors import RemoteExists, UnknownRemote
+from ._limits import check_remote_name
 _SELF = b"self"
-
-
-def check_name(name) -> str:
-    if not isinstance(name, str) or not _NAME.fullmatch(name):
-        raise BadRemoteUrl(url=name, remote=name,
-                           reason="a remote name is 1-64 letters, digits, '.', '_' or '-'")
-    return name
 
 
 def _rkey(name: str) -> bytes:
@@ -52,7 +43,7 @@ def store_id(txn, db) -> str:
 
 
 def add(txn, db, name: str, url: str, endpoint, region, conditional) -> None:
-    key = _rkey(check_name(name))
+    key = _rkey(check_remote_name(name))
     if txn.get(key, db=db["remotes"]) is not None:
         raise RemoteExists(remote=name)
     txn.put(key, S.dump(key, [url, endpoint, region, conditional, time.time_ns()]),

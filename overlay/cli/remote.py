@@ -52,6 +52,7 @@ def _default_remote(store, name: str | None) -> str:
 # -- remote add | list | remove | log -----------------------------------------------------
 
 def cmd_remote_add(args, out) -> int:
+    store_lib.check_remote_name(args.name)       # before the server is asked anything
     remote_lib.parse_url(args.url)
     remote_lib.check_endpoint(args.endpoint)
     config = remote_lib.RemoteConfig(args.name, args.url, args.endpoint, args.region)

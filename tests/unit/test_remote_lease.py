@@ -141,3 +141,23 @@ def test_no_credentials_is_named_with_where_they_come_from(tmp_path, capsys, mon
 def test_good_urls_parse():
     assert parse_url("s3://bkt") == ("bkt", "")
     assert parse_url("s3://my.bucket-1/team/agents/") == ("my.bucket-1", "team/agents")
+
+
+@pytest.mark.parametrize("name", ["", "bad name", "x\ny", "../x", ".hidden", "a/b", "x" * 65])
+def test_a_bad_remote_name_is_named_before_anything_is_asked(tmp_path, capsys, monkeypatch,
+                                                             name):
+    """``remote add 'bad name' s3://bkt/p`` first asked the server (without credentials:
+    "Remote bad name: no AWS credentials were found"), and with credentials it probed
+    the bucket before refusing the name as a "Bad remote URL 'bad name'" — the name is
+    no URL.  As ``git remote add`` does, the name is checked first and named as the
+    problem (``bad-remote-name``, exit 3); nothing is asked of the server (no endpoint
+    listens here) and no remote is added."""
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "x")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "y")
+    store = tmp_path / "store"
+    code, recs = cli(capsys, "--store", store, "remote", "add", name, "s3://bkt/p",
+                     "--endpoint", "http://127.0.0.1:9")
+    (err,) = [r for r in recs if r["type"] == "error"]
+    assert code == 3 and err["code"] == "bad-remote-name", recs
+    assert "URL" not in err["message"] and "letters, digits" in err["message"], err
+    assert not store.exists()
