@@ -24,9 +24,9 @@ from rewindfs.overlay.cli import options
 from rewindfs.overlay.control import client, wire
 from rewindfs.overlay.fs import SESSIONS
 from rewindfs.overlay.cli.render import INTENT_FINISHING, INTENT_PENDING, escape, human_bytes
-from rewindfs.overlay.places import (check_mount_owner, check_place, check_workspace,
-                                     control_socket_path, enclosing_rewindfs_mount,
-                                     find_rewindfs_mount, find_socket, lazy_unmount,
+from rewindfs.overlay.places import (check_mount_owner, check_named_dir, check_place,
+                                     check_workspace, control_socket_path,
+                                     enclosing_rewindfs_mount, find_rewindfs_mount, find_socket, lazy_unmount,
                                      ensure_runtime_dir, is_inside, mount_answers, mount_users,
                                      open_log, resolve_store_path, rewindfs_mount_at)
 from rewindfs.overlay.errors import (AlreadyMounted, Interrupted, MountBusy, MountFailed,
@@ -350,6 +350,7 @@ def _say_pending_intent(store_path, real: bytes, out) -> None:
 
 
 def cmd_unmount(args, out) -> int:
+    check_named_dir(args.dir)      # a typo is named as such (a dead mount is left to unmount)
     reply: dict = {}
     how, users = unmount_workspace(args.dir, resolve_store_path(args.store), lazy=args.lazy,
                                    reply=reply)

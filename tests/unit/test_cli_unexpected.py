@@ -140,3 +140,19 @@ def test_a_dash_c_that_is_no_directory_is_named_so(tmp_path, argv, target):
     reason = "it does not exist" if target == "missing" else "not a directory"
     assert record["message"] == f"{path} is not a directory ({reason}).", record
     assert not (tmp_path / "s").exists()
+
+
+@pytest.mark.parametrize("target", ["missing", "file"])
+def test_unmount_of_no_directory_is_named_so(tmp_path, target):
+    """``rewindfs unmount /typo`` said "/typo is not served by a rewindfs daemon"
+    (``not-mounted``), as of a real directory nobody serves; ``umount`` says the path
+    is not there.  Named as ``-C /typo`` is: ``bad-workspace``, exit 2."""
+    path = tmp_path / ("nope" if target == "missing" else "f")
+    if target == "file":
+        path.write_text("x")
+    res = subprocess.run([str(REWINDFS), "--json", "--store", str(tmp_path / "s"),
+                          "unmount", str(path)], capture_output=True, text=True, timeout=120)
+    record = json.loads(res.stdout.splitlines()[-1])
+    assert res.returncode == 2 and record["code"] == "bad-workspace", record
+    reason = "it does not exist" if target == "missing" else "not a directory"
+    assert record["message"] == f"{path} is not a directory ({reason}).", record
