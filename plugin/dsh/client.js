@@ -21,12 +21,15 @@
  * - `conversation.chat.commandview` for `rewind` and `redo`: the whole reply, line
  *   by line (the stock row shows only its first line).
  * - `conversation.session.header.actions`: "undo the rewind that landed here"
- *   (only while a `/redo` in this session would do something) and "rewind status"
- *   (runs `/rewind status`; the answer lands in the transcript).
+ *   (only while a `/redo` in this session would do something), "rewind status"
+ *   (runs `/rewind status`; the answer lands in the transcript), and, once a turn of
+ *   the session ran unprotected (no daemon serves the workspace, or it did not
+ *   answer), a notice naming those turns and why — the plugin's stderr notice never
+ *   reaches the browser.
  *
  * It reads the host only through the plugin's read-only routes (lib/web.js):
- * `/rewindfs/api/points` for the tooltips and `/rewindfs/api/redo-state` for the
- * header control.  Everything that changes state is a slash command, so the
+ * `/rewindfs/api/points` for the tooltips, `/rewindfs/api/redo-state` for the header
+ * control and `/rewindfs/api/protection` for the notice.  Everything that changes state is a slash command, so the
  * transcript records it.  The pure logic is in `logic` below and exported for the
  * unit tests (test/web-client.test.js loads this file with a stub loader).
  */
@@ -218,9 +221,27 @@ window.__ModuleLoader__.load({
       return /continue in session (\S+) \(/.exec(text ?? '')?.[1];
     }
 
+    /**
+     * The header's notice for turns that ran unprotected (the protection route's value):
+     * `{short, full}` — a few words for the header, the whole reason for its tooltip —
+     * or undefined when every turn of the session was protected.
+     */
+    function unprotectedText(value) {
+      const turns = value?.unprotected ?? [];
+      if (turns.length === 0) return undefined;
+      const one = turns.length === 1;
+      const which = one ? `turn ${turns[0]}` : `turns ${turns.join(', ')}`;
+      const cannot = one ? 'its changes cannot be rewound' : 'their changes cannot be rewound';
+      return {
+        short: `⚠ rewindfs: ${which} NOT protected`,
+        full: `rewindfs: ${which} ran NOT protected (${cannot})${value.reason ? `: ${value.reason}` : ''}`,
+      };
+    }
+
     const logic = {
       BUSY, REWOUND_PREFIX, turnOfMessage, forkAnchor, pointOfTurn, describePoint, controlState,
       refusalText, commandOutcome, waitForOutcome, runCommand, rewindToTurn, childOfReply,
+      unprotectedText,
     };
 
     // ---- host routes -----------------------------------------------------------
@@ -248,6 +269,7 @@ window.__ModuleLoader__.load({
     // ---- components --------------------------------------------------------------
 
     const buttonStyle = { background: 'none', border: 0, cursor: 'pointer', padding: '2px 6px', fontSize: 14, color: 'inherit' };
+    const noticeStyle = { fontSize: 12, marginRight: 8, color: 'var(--dsw-alias-label-error, #c0392b)', whiteSpace: 'nowrap', overflow: 'hidden', textOverflow: 'ellipsis', maxWidth: 320, cursor: 'help' };
     const statusStyle = { fontSize: 12, marginLeft: 6, color: 'var(--dsw-alias-label-error, #c0392b)', whiteSpace: 'pre-wrap' };
 
     function makeRewindAction(sessions, archive) {
@@ -310,6 +332,24 @@ window.__ModuleLoader__.load({
       };
     }
 
+    /**
+     * The stderr notice of an unprotected turn never reaches the browser: the header says
+     * it, asked again whenever the transcript grows (a turn's first step is marked then).
+     */
+    function ProtectionNotice({ sessionId, useSession }) {
+      const seqs = useSession((s) => s.nodes?.length ?? 0);
+      const [text, setText] = React.useState(undefined);
+      React.useEffect(() => {
+        let live = true;
+        getJson('/rewindfs/api/protection', sessionId).then(
+          (value) => { if (live) setText(unprotectedText(value)); },
+          () => { if (live) setText(undefined); });
+        return () => { live = false; };
+      }, [sessionId, seqs]);
+      if (text === undefined) return null;
+      return h('span', { role: 'status', 'data-rewindfs': 'unprotected', title: text.full, 'aria-label': text.full, style: noticeStyle }, text.short);
+    }
+
     function makeRewindStatus(sessions) {
       return function RewindStatus({ sessionId }) {
         const onClick = () => { sessions.binding(sessionId)?.session.command('/rewind status'); };
@@ -339,6 +379,9 @@ window.__ModuleLoader__.load({
           name: 'conversation.chat.commandview', key,
         }, CommandView));
       }
+      ctx.slots.inject('conversation.session.header.actions', () => ctx.slots.register({
+        name: 'conversation.session.header.actions', id: 'rewindfs-unprotected', order: 39,
+      }, ProtectionNotice));
       ctx.slots.inject('conversation.session.header.actions', () => ctx.slots.register({
         name: 'conversation.session.header.actions', id: 'rewindfs-undo', order: 40,
       }, makeUndoRewind(ctx.sessions)));

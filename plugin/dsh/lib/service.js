@@ -158,6 +158,7 @@ export class RewindfsService {
       s.warned = false;
     } catch (error) {
       s.unprotected.push(turn);
+      s.unprotectedWhy = `${codeOf(error)}: ${error.message}`;
       if (!s.warned) {
         s.warned = true;
         this.notify.warn(`rewindfs: turn ${turn} of session ${agent.id} is NOT protected (files it changes cannot be rewound): ${error.message}`);
@@ -466,6 +467,20 @@ export class RewindfsService {
     } catch (error) {
       return ok({ session: id, canRedo: false, reason: `${codeOf(error)}: ${error.message}` });
     }
+  }
+
+  /**
+   * The turns of session `id` that ran unprotected in this process (their begin
+   * failed or timed out: what they changed cannot be rewound) and the last reason —
+   * what the web UI's header says, since the stderr notice never reaches the browser.
+   * Never throws; asks no daemon.
+   * @param {string} id - session id.
+   * @returns {{ok: true, value: {session: string, unprotected: number[], reason?: string}}} the turns.
+   */
+  protection(id) {
+    const s = this.sessions.get(id);
+    const why = s?.unprotectedWhy;
+    return ok({ session: id, unprotected: [...(s?.unprotected ?? [])], ...(why === undefined ? {} : { reason: why }) });
   }
 
   /**

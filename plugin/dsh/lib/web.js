@@ -4,8 +4,9 @@
  *
  *   GET /rewindfs/api/points?session=<id>      the session's turn points (as /rewind lists them)
  *   GET /rewindfs/api/redo-state?session=<id>  whether /redo would do something there now
+ *   GET /rewindfs/api/protection?session=<id>  the turns that ran unprotected, and why
  *
- * Both answer `200` with the service's own result shape, `{ok: true, value}` or
+ * Each answers `200` with the service's own result shape, `{ok: true, value}` or
  * `{ok: false, refusal: {code, message}}`, as JSON; a bad request is `400` with a
  * refusal.  They change nothing: every action goes through the slash commands
  * (`session.command`), so the transcript records it.  Served by the same server as
@@ -21,12 +22,13 @@ const SESSION_ID = /^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$/;
  * Register the routes on `webServer`; returns the disposer.
  * @param {{register: (route: object) => () => void}} webServer - the harness's web server.
  * @param {import('./service.js').RewindfsService} service - the plugin's service.
- * @returns {() => void} removes both routes.
+ * @returns {() => void} removes the routes.
  */
 export function registerWebRoutes(webServer, service) {
   const routes = [
     ['/rewindfs/api/points', (id) => service.points(sessionRef(service, id))],
     ['/rewindfs/api/redo-state', (id) => service.redoState(id)],
+    ['/rewindfs/api/protection', async (id) => service.protection(id)],
   ];
   const disposers = routes.map(([path, answer]) => webServer.register({
     kind: 'exact',

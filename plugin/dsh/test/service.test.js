@@ -65,6 +65,11 @@ test('no daemon: every turn runs, the user is told once per session', async () =
   await svc.drain();
   assert.equal(notices.length, 1);
   assert.match(notices[0], /turn 1 of session s3 is NOT protected .*daemon-unreachable|no rewindfs daemon answers/);
+  // the web UI's header asks which turns ran unprotected, and why (stderr never reaches it)
+  const prot = svc.protection('s3');
+  assert.deepEqual(prot.value.unprotected, [1, 2]);
+  assert.match(prot.value.reason, /^[a-z-]+: /);
+  assert.deepEqual(svc.protection('never-seen'), { ok: true, value: { session: 'never-seen', unprotected: [] } });
   const status = await svc.status(a);
   assert.equal(status.ok, false);
   assert.equal(status.refusal.code, 'daemon-unreachable');

@@ -42,7 +42,7 @@ test('package.json declares the client module the web shell serves', () => {
   assert.deepEqual(inject, ['slots', 'sessions']);
 });
 
-test('apply registers the turn control, two header controls and two command views', () => {
+test('apply registers the turn control, three header controls and two command views', () => {
   const registered = [];
   const ctx = {
     sessions: {},
@@ -53,9 +53,23 @@ test('apply registers the turn control, two header controls and two command view
     ['conversation.chat.assistant-actions', 'rewindfs-rewind', 'function'],
     ['conversation.chat.commandview', 'rewind', 'function'],
     ['conversation.chat.commandview', 'redo', 'function'],
+    ['conversation.session.header.actions', 'rewindfs-unprotected', 'function'],
     ['conversation.session.header.actions', 'rewindfs-undo', 'function'],
     ['conversation.session.header.actions', 'rewindfs-status', 'function'],
   ]);
+});
+
+test('the header notice names the unprotected turns in a few words, the reason in full', () => {
+  assert.equal(logic.unprotectedText({ session: 's', unprotected: [] }), undefined);
+  assert.equal(logic.unprotectedText(undefined), undefined);
+  assert.deepEqual(logic.unprotectedText({ session: 's', unprotected: [1], reason: 'not-mounted: /w is not inside a workspace served by rewindfs (run: rewindfs mount <dir>)' }), {
+    short: '⚠ rewindfs: turn 1 NOT protected',
+    full: 'rewindfs: turn 1 ran NOT protected (its changes cannot be rewound): not-mounted: /w is not inside a workspace served by rewindfs (run: rewindfs mount <dir>)',
+  });
+  assert.deepEqual(logic.unprotectedText({ session: 's', unprotected: [1, 3] }), {
+    short: '⚠ rewindfs: turns 1, 3 NOT protected',
+    full: 'rewindfs: turns 1, 3 ran NOT protected (their changes cannot be rewound)',
+  });
 });
 
 const NODES = [
@@ -226,6 +240,7 @@ test('the host routes answer the service\'s result as JSON; a bad id is a 400', 
     cwdOfSession: () => '/ws',
     points: async (agent) => { asked.push(['points', agent.id, agent.session.header.cwd]); return { ok: true, value: { session: agent.id, points: POINTS } }; },
     redoState: async (id) => { asked.push(['redoState', id]); return { ok: true, value: { session: id, canRedo: true } }; },
+    protection: (id) => { asked.push(['protection', id]); return { ok: true, value: { session: id, unprotected: [2] } }; },
   };
   const dispose = registerWebRoutes(web, service);
   const server = createServer((req, res) => routes.get(new URL(req.url, 'http://x').pathname).handler(req, res));
@@ -238,7 +253,8 @@ test('the host routes answer the service\'s result as JSON; a bad id is a 400', 
     const bad = await fetch(`${base}/rewindfs/api/points?session=..%2Fx`);
     assert.equal(bad.status, 400);
     assert.equal((await bad.json()).refusal.code, 'bad-session');
-    assert.deepEqual(asked, [['points', 'p', '/ws'], ['redoState', 'c']]);
+    assert.deepEqual(await (await fetch(`${base}/rewindfs/api/protection?session=c`)).json(), { ok: true, value: { session: 'c', unprotected: [2] } });
+    assert.deepEqual(asked, [['points', 'p', '/ws'], ['redoState', 'c'], ['protection', 'c']]);
   } finally {
     server.close();
   }

@@ -1,0 +1,59 @@
+"""A workspace nobody mounted, in the harness's web UI, in a real browser.
+
+A person opens the web UI on a project and forgets `rewindfs mount` (or the daemon
+died).  The harness works as before, and the plugin said so only on the web server's
+stderr ("turn 1 … is NOT protected"), which the person in the browser never sees: they
+learned it when they tried to rewind, after the damage.  The page itself now says so,
+in the session header, from the first turn on, with the reason and what to run.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from dshkit import Dsh, MockModel, harness
+from test_web_ui import bash, open_workspace, rewind_control, send
+from webkit import Browser, WebServer, browser_driver
+
+pytestmark = pytest.mark.e2e
+
+NOTICE = '[data-rewindfs="unprotected"]'
+
+
+def test_turns_that_run_unprotected_are_said_in_the_page(tmp_path, capsys):
+    paths = harness()
+    driver = browser_driver()
+    ws, store = tmp_path / "ws", tmp_path / "store"
+    ws.mkdir()
+    (ws / "README.md").write_text("# demo\n")
+    script = {"title": "forgot to mount", "turns": {
+        "turn one": [{"tool_calls": [bash("echo one > a.txt")]}, {"content": "one done"}],
+        "turn two": [{"tool_calls": [bash("echo two > a.txt")]}, {"content": "two done"}]}}
+    with MockModel(script, tmp_path) as model:
+        dsh = Dsh(paths, tmp_path, model, store)
+        dsh.install_plugin(cwd=tmp_path, profile="web")
+        with WebServer(dsh, ws, tmp_path) as web, \
+                Browser(paths["NODE_BIN"], driver, tmp_path / "screenshots") as page:
+            try:
+                open_workspace(page, web, ws)
+                send(page, "turn one")
+                page.do("wait", target="text=one done")
+                page.do("wait", target=NOTICE)
+                assert page.do("text", target=NOTICE)["text"] == \
+                    "⚠ rewindfs: turn 1 NOT protected"
+                full = page.do("attr", target=NOTICE, name="title")["value"]
+                assert full.startswith("rewindfs: turn 1 ran NOT protected (its changes "
+                                       "cannot be rewound): not-mounted: "), full
+                assert "rewindfs mount" in full, full
+                send(page, "turn two")
+                page.do("wait", target="text=two done")
+                page.do("wait", target=f'{NOTICE}:has-text("turns 1, 2 NOT protected")')
+                page.shot("1-unprotected-notice")
+                # the header's own controls are still there beside it
+                page.do("wait", target='[aria-label="rewind status"]')
+                # the turn's own control says why it cannot rewind
+                tip = page.do("attr", target=rewind_control(2), name="title")["value"]
+                assert "not-mounted" in tip, tip
+            finally:
+                with capsys.disabled():
+                    print(f"\nweb UI screenshots: {page.shots}")
