@@ -279,16 +279,20 @@ window.__ModuleLoader__.load({
         const running = useSession((s) => s.running);
         const { points, error } = usePoints(sessionId, turnEnds?.size ?? 0);
         const [busy, setBusy] = React.useState(false);
+        const inFlight = React.useRef(false);   // a double click is one rewind, even before a re-render
         const [refused, setRefused] = React.useState(undefined);
         const state = controlState({ snapshot: { nodes, turnEnds }, sessionId, messageId, points, pointsError: error });
         if (state === null) return null;
         const onClick = async () => {
+          if (inFlight.current) return;
+          inFlight.current = true;
           setRefused(undefined);
           setBusy(true);
           try {
             const result = await rewindToTurn(sessions, { sessionId, turn: state.turn, atSeq: state.atSeq }, archive);
             if (!result.ok) setRefused(result.text);
           } finally {
+            inFlight.current = false;
             setBusy(false);
           }
         };
@@ -308,6 +312,8 @@ window.__ModuleLoader__.load({
         const seqs = useSession((s) => s.nodes?.length ?? 0);
         const [canRedo, setCanRedo] = React.useState(false);
         const [refused, setRefused] = React.useState(undefined);
+        const [busy, setBusy] = React.useState(false);
+        const inFlight = React.useRef(false);   // a double click is one /redo, even before a re-render
         const [tick, setTick] = React.useState(0);
         React.useEffect(() => {
           let live = true;
@@ -318,16 +324,24 @@ window.__ModuleLoader__.load({
         }, [sessionId, seqs, tick]);
         if (!canRedo && refused === undefined) return null;
         const onClick = async () => {
+          if (inFlight.current) return;
+          inFlight.current = true;
           setRefused(undefined);
-          const session = sessions.binding(sessionId)?.session;
-          const outcome = session === undefined
-            ? { kind: 'error', text: refusalText('/redo', 'error', `session ${sessionId} is not open in this page`) }
-            : await runCommand(session, 'redo');
-          if (outcome.kind !== 'success') setRefused(outcome.text);
-          setTick((n) => n + 1);
+          setBusy(true);
+          try {
+            const session = sessions.binding(sessionId)?.session;
+            const outcome = session === undefined
+              ? { kind: 'error', text: refusalText('/redo', 'error', `session ${sessionId} is not open in this page`) }
+              : await runCommand(session, 'redo');
+            if (outcome.kind !== 'success') setRefused(outcome.text);
+          } finally {
+            inFlight.current = false;
+            setBusy(false);
+            setTick((n) => n + 1);
+          }
         };
         return h('span', { 'data-rewindfs': 'undo' },
-          canRedo ? h('button', { type: 'button', style: buttonStyle, title: 'undo the rewind that landed here (/redo)', 'aria-label': 'undo the rewind that landed here', onClick }, '↻ undo rewind') : null,
+          canRedo ? h('button', { type: 'button', style: buttonStyle, title: 'undo the rewind that landed here (/redo)', 'aria-label': 'undo the rewind that landed here', disabled: busy, onClick }, '↻ undo rewind') : null,
           refused === undefined ? null : h('span', { role: 'status', style: statusStyle }, refused));
       };
     }

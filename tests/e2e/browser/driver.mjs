@@ -10,6 +10,7 @@
  *
  *   {"op": "goto", "url": U}
  *   {"op": "click", "target": T, "timeout_ms"?: N}
+ *   {"op": "dblclick", "target": T, "timeout_ms"?: N}   (a person's habit: two clicks at once)
  *   {"op": "fill", "target": T, "text": S}          {"op": "press", "target": T, "key": K}
  *   {"op": "wait", "target": T, "state"?: "visible"|"attached"|"hidden"|"detached", "timeout_ms"?: N}
  *   {"op": "count", "target": T}                     -> {"count": n}
@@ -47,6 +48,7 @@ const first = (target) => page.locator(target).first();
 const OPS = {
   goto: async (c) => { await page.goto(c.url); return {}; },
   click: async (c) => { await first(c.target).click({ timeout: c.timeout_ms ?? 30_000 }); return {}; },
+  dblclick: async (c) => { await first(c.target).dblclick({ timeout: c.timeout_ms ?? 30_000 }); return {}; },
   fill: async (c) => { await first(c.target).fill(c.text, { timeout: c.timeout_ms ?? 30_000 }); return {}; },
   press: async (c) => { await first(c.target).press(c.key, { timeout: c.timeout_ms ?? 30_000 }); return {}; },
   wait: async (c) => { await first(c.target).waitFor({ state: c.state ?? 'visible', timeout: c.timeout_ms ?? 60_000 }); return {}; },
