@@ -5,13 +5,21 @@ died).  The harness works as before, and the plugin said so only on the web serv
 stderr ("turn 1 … is NOT protected"), which the person in the browser never sees: they
 learned it when they tried to rewind, after the damage.  The page itself now says so,
 in the session header, from the first turn on, with the reason and what to run.
+
+The same when the daemon dies under a running session (kill -9, the OOM killer): the
+turn after it runs unprotected, and the controls say what brings the workspace back
+(`rewindfs mount --recover`), where they said only "ECONNREFUSED".
 """
 
 from __future__ import annotations
 
+import os
+import signal
+
 import pytest
 
 from dshkit import Dsh, MockModel, harness
+from mountkit import mounted
 from test_web_ui import bash, open_workspace, rewind_control, send
 from webkit import Browser, WebServer, browser_driver
 
@@ -54,6 +62,39 @@ def test_turns_that_run_unprotected_are_said_in_the_page(tmp_path, capsys):
                 # the turn's own control says why it cannot rewind
                 tip = page.do("attr", target=rewind_control(2), name="title")["value"]
                 assert "not-mounted" in tip, tip
+            finally:
+                with capsys.disabled():
+                    print(f"\nweb UI screenshots: {page.shots}")
+
+
+def test_a_daemon_killed_under_the_session_is_said_with_the_way_back(tmp_path, capsys):
+    paths = harness()
+    driver = browser_driver()
+    ws, store = tmp_path / "ws", tmp_path / "store"
+    ws.mkdir()
+    script = {"title": "daemon killed", "turns": {
+        "turn one": [{"tool_calls": [bash("echo one > a.txt")]}, {"content": "one done"}],
+        "turn two": [{"tool_calls": [bash("echo two > b.txt")]}, {"content": "two done"}]}}
+    with MockModel(script, tmp_path) as model:
+        dsh = Dsh(paths, tmp_path, model, store)
+        dsh.install_plugin(cwd=tmp_path, profile="web")
+        with mounted(ws, store, require_clean=False) as mount, \
+                WebServer(dsh, ws, tmp_path) as web, \
+                Browser(paths["NODE_BIN"], driver, tmp_path / "screenshots") as page:
+            try:
+                open_workspace(page, web, ws)
+                send(page, "turn one")
+                page.do("wait", target="text=one done")
+                assert page.do("count", target=NOTICE)["count"] == 0   # protected
+                os.kill(mount.proc.pid, signal.SIGKILL)
+                mount.proc.wait()
+                send(page, "turn two")
+                page.do("wait", target="text=two done")
+                page.do("wait", target=f'{NOTICE}:has-text("turn 2 NOT protected")')
+                full = page.do("attr", target=NOTICE, name="title")["value"]
+                assert "daemon-unreachable" in full and \
+                    f"`rewindfs mount --recover {ws}` brings the workspace back" in full, full
+                page.shot("2-daemon-killed")
             finally:
                 with capsys.disabled():
                     print(f"\nweb UI screenshots: {page.shots}")

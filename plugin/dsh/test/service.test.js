@@ -2,6 +2,10 @@
 // turn.begin/turn.end, a begin that lands after its timeout, the once-only notice,
 // and refusals that need no daemon.
 import assert from 'node:assert/strict';
+import { execFileSync } from 'node:child_process';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { test } from 'node:test';
 import { DEFAULTS } from '../lib/config.js';
 import { RewindfsService } from '../lib/service.js';
@@ -95,4 +99,21 @@ test('another session holds the turn: the refusal is the notice, no end is sent'
     assert.equal(notices.length, 1);
     assert.match(notices[0], /turn 1 of session s5 is NOT protected .*Turn 4 of session other is still open/);
   });
+});
+
+test('a dead daemon\'s socket: the refusal says what brings the workspace back', async () => {
+  // A socket file nobody listens on, as kill -9 of the daemon leaves it: the notice
+  // and the web UI's tooltip said only "no rewindfs daemon answers on …: ECONNREFUSED".
+  const dir = mkdtempSync(join(tmpdir(), 'rwdead-'));
+  const sock = join(dir, 'dead.sock');
+  try {
+    execFileSync('python3', ['-c', 'import socket, sys; socket.socket(socket.AF_UNIX).bind(sys.argv[1])', sock]);
+    const { svc, notices } = service(sock);
+    await svc.beginTurn({ ...agent('s9'), session: { header: { cwd: dir }, events: [] } }, 1, 'a');
+    assert.equal(notices.length, 1);
+    assert.match(notices[0], /ECONNREFUSED \(the daemon serving .*rwdead-\S+ is gone: `rewindfs mount --recover .*rwdead-\S+` brings the workspace back\)$/);
+    assert.match(svc.protection('s9').value.reason, /^daemon-unreachable: .*mount --recover/);
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
 });
