@@ -272,30 +272,43 @@ window.__ModuleLoader__.load({
     const noticeStyle = { fontSize: 12, marginRight: 8, color: 'var(--dsw-alias-label-error, #c0392b)', whiteSpace: 'nowrap', overflow: 'hidden', textOverflow: 'ellipsis', maxWidth: 320, cursor: 'help' };
     const statusStyle = { fontSize: 12, marginLeft: 6, color: 'var(--dsw-alias-label-error, #c0392b)', whiteSpace: 'pre-wrap' };
 
+    /**
+     * `[busy, start]` for a control's action: `start` runs `action` unless a run is
+     * still going, so a double click is one run.  The ref, not the disabled state
+     * alone: a second click of a double click lands before the re-render that
+     * disables the button (seen in Chromium: two forks, two rewinds).
+     */
+    function useSingleRun(action) {
+      const [busy, setBusy] = React.useState(false);
+      const inFlight = React.useRef(false);
+      const start = async () => {
+        if (inFlight.current) return;
+        inFlight.current = true;
+        setBusy(true);
+        try {
+          await action();
+        } finally {
+          inFlight.current = false;
+          setBusy(false);
+        }
+      };
+      return [busy, start];
+    }
+
     function makeRewindAction(sessions, archive) {
       return function RewindAction({ messageId, sessionId, useSession }) {
         const nodes = useSession((s) => s.nodes);
         const turnEnds = useSession((s) => s.turnEnds);
         const running = useSession((s) => s.running);
         const { points, error } = usePoints(sessionId, turnEnds?.size ?? 0);
-        const [busy, setBusy] = React.useState(false);
-        const inFlight = React.useRef(false);   // a double click is one rewind, even before a re-render
         const [refused, setRefused] = React.useState(undefined);
         const state = controlState({ snapshot: { nodes, turnEnds }, sessionId, messageId, points, pointsError: error });
-        if (state === null) return null;
-        const onClick = async () => {
-          if (inFlight.current) return;
-          inFlight.current = true;
+        const [busy, onClick] = useSingleRun(async () => {
           setRefused(undefined);
-          setBusy(true);
-          try {
-            const result = await rewindToTurn(sessions, { sessionId, turn: state.turn, atSeq: state.atSeq }, archive);
-            if (!result.ok) setRefused(result.text);
-          } finally {
-            inFlight.current = false;
-            setBusy(false);
-          }
-        };
+          const result = await rewindToTurn(sessions, { sessionId, turn: state.turn, atSeq: state.atSeq }, archive);
+          if (!result.ok) setRefused(result.text);
+        });
+        if (state === null) return null;
         return h('span', { 'data-rewindfs': 'turn-control', 'data-turn': state.turn },
           h('button', {
             type: 'button', style: buttonStyle, title: state.tooltip,
@@ -312,9 +325,19 @@ window.__ModuleLoader__.load({
         const seqs = useSession((s) => s.nodes?.length ?? 0);
         const [canRedo, setCanRedo] = React.useState(false);
         const [refused, setRefused] = React.useState(undefined);
-        const [busy, setBusy] = React.useState(false);
-        const inFlight = React.useRef(false);   // a double click is one /redo, even before a re-render
         const [tick, setTick] = React.useState(0);
+        const [busy, onClick] = useSingleRun(async () => {
+          setRefused(undefined);
+          try {
+            const session = sessions.binding(sessionId)?.session;
+            const outcome = session === undefined
+              ? { kind: 'error', text: refusalText('/redo', 'error', `session ${sessionId} is not open in this page`) }
+              : await runCommand(session, 'redo');
+            if (outcome.kind !== 'success') setRefused(outcome.text);
+          } finally {
+            setTick((n) => n + 1);
+          }
+        });
         React.useEffect(() => {
           let live = true;
           getJson('/rewindfs/api/redo-state', sessionId).then(
@@ -323,23 +346,6 @@ window.__ModuleLoader__.load({
           return () => { live = false; };
         }, [sessionId, seqs, tick]);
         if (!canRedo && refused === undefined) return null;
-        const onClick = async () => {
-          if (inFlight.current) return;
-          inFlight.current = true;
-          setRefused(undefined);
-          setBusy(true);
-          try {
-            const session = sessions.binding(sessionId)?.session;
-            const outcome = session === undefined
-              ? { kind: 'error', text: refusalText('/redo', 'error', `session ${sessionId} is not open in this page`) }
-              : await runCommand(session, 'redo');
-            if (outcome.kind !== 'success') setRefused(outcome.text);
-          } finally {
-            inFlight.current = false;
-            setBusy(false);
-            setTick((n) => n + 1);
-          }
-        };
         return h('span', { 'data-rewindfs': 'undo' },
           canRedo ? h('button', { type: 'button', style: buttonStyle, title: 'undo the rewind that landed here (/redo)', 'aria-label': 'undo the rewind that landed here', disabled: busy, onClick }, '↻ undo rewind') : null,
           refused === undefined ? null : h('span', { role: 'status', style: statusStyle }, refused));
