@@ -34,7 +34,8 @@ from rewindfs.store.remote import (RemoteConfig, fetch_blobs, push_workspace, re
                                    wanted_blobs)
 
 from rewindfs.overlay.capture import snapshot, subtree
-from rewindfs.overlay.errors import RemoteUnnamed
+from rewindfs.overlay.errors import RefusedWorkspace, RemoteUnnamed
+from rewindfs.overlay.places import check_place, enclosing_rewindfs_mount
 from rewindfs.overlay.rewind.engine import apply_plan, plan_rewind
 from rewindfs.overlay.rewind.land import set_meta_fd
 from rewindfs.overlay.tree.ignore import IgnoreRules
@@ -176,6 +177,7 @@ class RemoteRestore:
 
 def restore(store, backend, config, ws_id: str, point, dest, *, session=None,
             progress=None) -> RemoteRestore:
+    _check_place(dest, store.path)
     _check_target(dest)
     pushed = read_pushed(backend, config, ws_id)
     # the point is checked (and the history's shape) before any blob is downloaded and
@@ -202,6 +204,22 @@ def restore(store, backend, config, ws_id: str, point, dest, *, session=None,
         os.close(fd)
     named = pushed.name_problems(problems, offset, head_epoch.id)
     return RemoteRestore(ws, target, head_epoch.id, result, named)
+
+
+def _check_place(dest, store_path) -> None:
+    """``RestoreTargetInUse`` where ``mount`` would refuse *dest* as a workspace
+    (``places.check_place``): DIR becomes one.  Above all not at or inside a mounted
+    workspace: the restore's temp names go through that mount, which keeps them for
+    itself (every file failed with EPERM), and a second history would grow inside it."""
+    real = os.path.realpath(os.fsencode(dest))
+    mnt = enclosing_rewindfs_mount(real)
+    if mnt is not None and mnt.point == real:
+        raise RestoreTargetInUse(path=os.fsdecode(dest),
+                                 reason=f"{os.fsdecode(real)} is a mounted workspace")
+    try:
+        check_place(real, store_path)
+    except RefusedWorkspace as exc:
+        raise RestoreTargetInUse(path=os.fsdecode(dest), reason=exc.details["reason"]) from None
 
 
 def _check_target(dest) -> None:

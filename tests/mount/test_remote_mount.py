@@ -68,3 +68,45 @@ def test_a_mounted_workspace_pushes_and_restores_elsewhere(tmp_path):
         assert compare(now, snapshot(tmp_path / "fresh1" / "dir")) == []
     finally:
         server.stop()
+
+
+def test_a_restore_into_a_mounted_workspace_is_refused_before_anything(tmp_path):
+    """``rewindfs restore … ~/proj/sub`` with ``~/proj`` mounted: every file failed with
+    "EPERM: Operation not permitted" (the restore's temp names go through the mount,
+    which keeps that prefix for itself), the result was "partial", and ``proj/sub``
+    stayed behind, half made, as a second workspace with its own history inside the
+    mounted one (which ``mount`` itself refuses).  Now the place is checked as ``mount``
+    checks it: refused up front naming the mounted workspace, nothing downloaded, no
+    directory made, no history added."""
+    server = S3Server(tmp_path / "s3data").start()
+    try:
+        env = server.env
+        ws, store = tmp_path / "ws", tmp_path / "store"
+        ws.mkdir()
+        with mounted(ws, store) as m:
+            r = cli("remote", "add", "origin", server.url(), "--endpoint", server.endpoint,
+                    store=store, env=env)
+            assert r.returncode == 0, r.stderr
+            m.call("turn.begin", session="s1", turn=1, label="one")
+            (ws / "a.txt").write_bytes(b"one\n")
+            m.call("turn.end")
+            r = cli("--json", "push", "-C", ws, store=store, env=env)
+            assert r.returncode == 0, r.stderr + r.stdout
+            wid = [x for x in _json(r) if x["type"] == "push.done"][0]["workspace"]
+            before = snapshot(ws)
+            r = cli("log", "--json", "-C", ws, store=store, env=env)
+            epochs = len(_json(r))
+            for target in (ws / "sub", ws):
+                r = cli("--json", "restore", "--from", "origin", "--workspace", wid,
+                        "--point", "t1", target, store=store, env=env)
+                (err,) = [x for x in _json(r) if x["type"] == "error"]
+                assert r.returncode == 3 and err["code"] == "restore-target-in-use", r.stdout
+                assert f"inside the mounted workspace {ws}" in err["message"] or \
+                    f"{ws} is a mounted workspace" in err["message"], err
+            assert not (ws / "sub").exists()
+            assert compare(before, snapshot(ws)) == []
+            assert len(_json(cli("log", "--json", "-C", ws, store=store, env=env))) == epochs
+            r = cli("--json", "log", "-C", ws / "sub", store=store, env=env)
+            assert r.returncode != 0
+    finally:
+        server.stop()
