@@ -26,7 +26,8 @@ from rewindfs.overlay.fs import SESSIONS
 from rewindfs.overlay.cli.render import INTENT_FINISHING, INTENT_PENDING, escape, human_bytes
 from rewindfs.overlay.places import (check_mount_owner, check_named_dir, check_place,
                                      check_workspace, control_socket_path,
-                                     enclosing_rewindfs_mount, find_rewindfs_mount, find_socket, lazy_unmount,
+                                     enclosing_rewindfs_mount, find_rewindfs_mount,
+                                     find_socket, lazy_unmount,
                                      ensure_runtime_dir, is_inside, mount_answers, mount_users,
                                      open_log, resolve_store_path, rewindfs_mount_at)
 from rewindfs.overlay.errors import (AlreadyMounted, Interrupted, MountBusy, MountFailed,

@@ -329,7 +329,7 @@ def cmd_redo(args, out) -> int:
 def cmd_diff(args, out) -> int:
     if args.nul and not args.names:
         raise errors.UsageError("-z lists names: it needs --name-only or --name-status "
-                         "(see rewindfs diff --help)")
+                                "(see rewindfs diff --help)")
     with open_workspace(args, out) as ws:
         params = {"a": args.a}
         if args.b is not None:

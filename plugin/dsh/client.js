@@ -29,8 +29,8 @@
  *
  * It reads the host only through the plugin's read-only routes (lib/web.js):
  * `/rewindfs/api/points` for the tooltips, `/rewindfs/api/redo-state` for the header
- * control and `/rewindfs/api/protection` for the notice.  Everything that changes state is a slash command, so the
- * transcript records it.  The pure logic is in `logic` below and exported for the
+ * control and `/rewindfs/api/protection` for the notice.  Everything that changes
+ * state is a slash command, so the transcript records it.  The pure logic is in `logic` below and exported for the
  * unit tests (test/web-client.test.js loads this file with a stub loader).
  */
 /* global window, fetch */
