@@ -219,7 +219,8 @@ def _check_place(dest, store_path) -> None:
     try:
         check_place(real, store_path)
     except RefusedWorkspace as exc:
-        raise RestoreTargetInUse(path=os.fsdecode(dest), reason=exc.details["reason"]) from None
+        raise RestoreTargetInUse(path=os.fsdecode(dest),
+                                 reason=exc.details["reason"]) from None
 
 
 def _check_target(dest) -> None:
