@@ -23,6 +23,7 @@ import rewindfs.store.remote as remote_lib      # LMDB and boto3 come with the c
 from rewindfs.store._errors import UnknownRemoteWorkspace
 
 from rewindfs.overlay.cli import options
+from rewindfs.overlay.cli.rewind import Landing
 from rewindfs.overlay.control import client
 from rewindfs.overlay.cli.render import escape, human_bytes, parse_duration, truncate
 from rewindfs.overlay.errors import Interrupted, NotAWorkspace, StaleMount, UsageError
@@ -289,12 +290,19 @@ class _Progress:
 
 def cmd_restore(args, out) -> int:
     tree_remote = _tree()
-    with store_lib.Store.open(resolve_store_path(args.store)) as store:
-        config = _config(store, args.source)
-        backend = remote_lib.open_backend(config)
-        with _Progress(out, f"restore {args.dir}", "restore") as bar:
-            res = tree_remote.restore(store, backend, config, args.workspace_id, args.point,
-                                      args.dir, session=args.session, progress=bar.fetched)
+    with Landing("restore", dry_run=False) as guard:
+        try:
+            with store_lib.Store.open(resolve_store_path(args.store)) as store:
+                config = _config(store, args.source)
+                backend = remote_lib.open_backend(config)
+                with _Progress(out, f"restore {args.dir}", "restore") as bar:
+                    res = tree_remote.restore(
+                        store, backend, config, args.workspace_id, args.point, args.dir,
+                        session=args.session, progress=bar.fetched, landing=guard.landing)
+        except KeyboardInterrupt:
+            raise Interrupted(f"interrupted: the restore stopped before its first change: "
+                              f"nothing was restored into {args.dir}; the same command "
+                              f"starts it again") from None
     out.emit("restore.done", remote=config.name, workspace=args.workspace_id,
              dir=os.path.realpath(args.dir), target=res.target, head_epoch=res.head_epoch,
              objects=bar.objects, bytes=bar.bytes,
@@ -307,6 +315,9 @@ def cmd_restore(args, out) -> int:
             f"(workspace {escape(args.workspace_id)}: {bar.objects} objects, "
             f"{human_bytes(bar.bytes)}); the pushed tree is e{res.head_epoch}"
             + (" — partial, see the warnings" if res.exit_code else ""))
+    if guard.pressed:
+        raise Interrupted(f"interrupted: the restore was finished first (it cannot stop "
+                          f"half-way); {args.dir} is the tree at e{res.target}")
     return res.exit_code
 
 

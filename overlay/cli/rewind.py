@@ -14,7 +14,7 @@ interrupted rewind is pending.
 Ctrl-C (docs/reliability.md, "Clients that go away"): a mounted rewind or
 redo runs in the daemon and goes on to its end; the client stops and says so.  An
 offline one runs here: Ctrl-C before its first change stops it (nothing changed), after
-that it is deferred until the landing is done (``_Landing``) — a rewind never stops
+that it is deferred until the landing is done (``Landing``) — a rewind never stops
 half-way.  Either way the last line says which, and the exit code is 130.
 """
 
@@ -109,7 +109,7 @@ def open_workspace(args, out, *, finish=None):
     """Yield the daemon of the workspace (mounted) or an offline handle on it.
 
     Offline, an interrupted rewind's intent is finished only when ``finish`` (a
-    ``_Landing``: a rewind or redo that will change the tree) is given, after saying
+    ``Landing``: a rewind or redo that will change the tree) is given, after saying
     so; otherwise it is left alone and named (read-only commands write nothing)."""
     store_path = resolve_store_path(args.store)
     start = os.fsencode(_start(args))
@@ -205,7 +205,7 @@ def _newest(items: list, n: int | None) -> list:
 
 
 def _rewind_like(args, out, method: str, params: dict) -> int:
-    with _Landing(method, dry_run=args.dry_run) as guard:
+    with Landing(method, dry_run=args.dry_run) as guard:
         with open_workspace(args, out, finish=None if args.dry_run else guard) as ws:
             if args.path:
                 params["paths"] = _rel_paths(args, ws.root)
@@ -242,7 +242,7 @@ def _died(root: bytes, store_arg, method: str) -> DaemonDied:
                       then="serves the workspace again")
 
 
-class _Landing:
+class Landing:
     """What Ctrl-C means for a rewind or redo run by this process.
 
     Mounted, the daemon runs it: Ctrl-C stops only this client, ``interrupted`` names
@@ -519,11 +519,11 @@ def cmd_gc(args, out) -> int:
 
 def _gc_interrupted(in_daemon: bool, *, dry_run: bool) -> Interrupted:
     """What a Ctrl-C left.  A daemon runs a gc it was sent to the end (it reads the next
-    request only then, and nothing cancels a worker thread): ``_Landing``'s words for a
+    request only then, and nothing cancels a worker thread): ``Landing``'s words for a
     sent request.  Here, each step of a gc is one store transaction, so an interrupted
     one is undone and the steps before it stand."""
     if dry_run or in_daemon:
-        return _Landing("gc", dry_run=dry_run).interrupted(mounted=True)
+        return Landing("gc", dry_run=dry_run).interrupted(mounted=True)
     return Interrupted("interrupted: the gc stopped; what it had dropped stays dropped, "
                        "the rest is kept; `rewindfs gc` again finishes it")
 

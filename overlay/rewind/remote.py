@@ -24,6 +24,7 @@ land a pushed point onto a new directory.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import time
@@ -176,7 +177,14 @@ class RemoteRestore:
 
 
 def restore(store, backend, config, ws_id: str, point, dest, *, session=None,
-            progress=None) -> RemoteRestore:
+            progress=None, landing=contextlib.nullcontext) -> RemoteRestore:
+    """Make *dest* the tree at *point* of the remote workspace *ws_id*, with its history.
+
+    *landing*: a context manager factory entered from the history's import on, the
+    restore's first change; a caller defers Ctrl-C inside it (a restore never stops
+    half-way: a half-landed one left a pending rewind that a second ``restore`` refused
+    to touch).  Anything raised before it (KeyboardInterrupt too) leaves nothing:
+    *dest* is removed again when this call made it."""
     _check_place(dest, store.path)
     _check_target(dest)
     pushed = read_pushed(backend, config, ws_id)
@@ -184,26 +192,40 @@ def restore(store, backend, config, ws_id: str, point, dest, *, session=None,
     # before DIR or its workspace exists: a refused restore leaves nothing behind
     store.check_import(os.path.realpath(os.fsencode(dest)), pushed.history, point=point,
                        session=session)
-    real = _prepare(dest)
-    ws = store.workspace(real)
-    if store.epochs(ws):
-        raise RestoreTargetInUse(path=os.fsdecode(real),
-                                 reason="this store already has history for it")
-    problems = pushed.fetch(store, backend, progress)
-    offset, head_epoch, target = store.import_history(
-        ws, pushed.history, label=pushed.label, head=pushed.head, point=point,
-        session=session)
-    pushed.bind(store, ws, offset)
-    fd = os.open(real, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    real, made = _prepare(dest)
     try:
-        plan = plan_rewind(fd, store, ws, f"e{target}")
-        result = apply_plan(fd, store, ws, plan, session=None)
-        if pushed.root_img is not None:
-            set_meta_fd(fd, pushed.root_img)
-    finally:
-        os.close(fd)
+        ws = store.workspace(real)
+        if store.epochs(ws):
+            raise RestoreTargetInUse(path=os.fsdecode(real),
+                                     reason="this store already has history for it")
+        problems = pushed.fetch(store, backend, progress)
+    except BaseException:
+        if made:
+            _remove_empty(real)
+        raise
+    with landing():
+        offset, head_epoch, target = store.import_history(
+            ws, pushed.history, label=pushed.label, head=pushed.head, point=point,
+            session=session)
+        pushed.bind(store, ws, offset)
+        fd = os.open(real, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            plan = plan_rewind(fd, store, ws, f"e{target}")
+            result = apply_plan(fd, store, ws, plan, session=None)
+            if pushed.root_img is not None:
+                set_meta_fd(fd, pushed.root_img)
+        finally:
+            os.close(fd)
     named = pushed.name_problems(problems, offset, head_epoch.id)
     return RemoteRestore(ws, target, head_epoch.id, result, named)
+
+
+def _remove_empty(real: bytes) -> None:
+    """A directory this restore made, removed again if nothing came into it."""
+    try:
+        os.rmdir(real)
+    except OSError:
+        pass            # not empty (someone put files there), or gone: left as it is
 
 
 def _check_place(dest, store_path) -> None:
@@ -237,18 +259,19 @@ def _check_target(dest) -> None:
                                  reason="its parent directory does not exist")
 
 
-def _prepare(dest) -> bytes:
+def _prepare(dest) -> tuple[bytes, bool]:
     """``dest`` (checked by ``_check_target``) made, mode 0700 until its own mode lands,
-    or found empty; its real path."""
+    or found empty: its real path, and whether this call made it."""
     dest = os.fsencode(dest)
     try:
         os.mkdir(dest, 0o700)
     except FileExistsError:
         _check_target(dest)     # made meanwhile: still fine if empty
+        return os.path.realpath(dest), False
     except OSError as exc:
         raise RestoreTargetInUse(path=os.fsdecode(dest),
                                  reason=f"it cannot be made: {exc.strerror}") from None
-    return os.path.realpath(dest)
+    return os.path.realpath(dest), True
 
 
 def _name_problem(problem, history, head, offset: int, head_epoch: int) -> dict:

@@ -11,6 +11,10 @@ symlinks, xattrs, device numbers, link structure).
 
 from __future__ import annotations
 
+import os
+import sys
+from pathlib import Path
+
 from remotekit import (add_origin, build_history, cli, new_dir, push_done,  # noqa: F401
                        pushed_history, s3)  # s3: the fixture
 from restorekit import open_history
@@ -125,3 +129,76 @@ def test_remote_log_cuts_a_long_label_to_the_terminal_as_log_does(tmp_path, caps
     code, recs = cli(capsys, "--store", store, "remote", "log", "origin")
     assert [r["label"] for r in recs if r["type"] == "remote.point" and r["turn"] == 1] == [
         long_label]
+
+
+def _restore_in_a_terminal(s3, store, wid, dest, env=None):
+    from ptykit import Terminal
+    rewindfs = str(Path(sys.executable).with_name("rewindfs"))
+    return Terminal([rewindfs, "--store", str(store), "restore", "--from", "origin",
+                     "--workspace", wid, "--point", "e3", str(dest)], cwd=dest.parent,
+                    env={**s3.env, **(env or {})})
+
+
+def test_ctrl_c_on_a_restore_finishes_it_or_leaves_nothing(s3, tmp_path, capsys):
+    """Ctrl-C on ``rewindfs restore`` exited 130 and said nothing.  Pressed while the
+    restore landed, it left a half-made tree and a pending rewind, and running the same
+    command again was refused ("this store already has history for it"): stuck.  Now,
+    as an offline rewind does, a restore that has begun to land finishes first and says
+    so; one stopped before (here: the server hangs) says nothing was restored, and the
+    same command works again."""
+    import signal
+    import time
+    with open_history(tmp_path) as h:
+        h.turn(1)
+        for i in range(200):
+            h.write(b"f%03d" % i, b"%d\n" % i)
+        h.end_turn()
+    store = tmp_path / "store"
+    add_origin(capsys, store, s3)
+    wid = push_done(capsys, store, tmp_path / "ws")["workspace"]
+    want = exact(tmp_path / "ws")
+    fresh = tmp_path / "fresh"
+    add_origin(capsys, fresh, s3)
+
+    # 1. the server hangs (stopped): Ctrl-C before anything landed
+    dest = tmp_path / "hung"
+    os.kill(s3.proc.pid, signal.SIGSTOP)
+    try:
+        term = _restore_in_a_terminal(s3, fresh, wid, dest)
+        with term:
+            time.sleep(3)             # it waits on the server, whatever it asked first
+            term.ctrl_c()
+            status = term.wait()
+    finally:
+        os.kill(s3.proc.pid, signal.SIGCONT)
+    assert status == 130, term.text()[-2000:]
+    assert "nothing was restored" in term.last_line() and "again" in term.last_line(), \
+        term.lines()[-5:]
+    assert not dest.exists()            # made by the restore, removed again
+    code, recs = cli(capsys, "--store", fresh, "restore", "--from", "origin",
+                     "--workspace", wid, "--point", "e3", dest)
+    assert code == 0, recs
+    assert exact(dest) == want
+
+    # 2. Ctrl-C while it lands (paused after its 3rd change): it finishes first
+    dest = tmp_path / "landing"
+    pause = tmp_path / "pause"
+    other = tmp_path / "other"
+    add_origin(capsys, other, s3)
+    term = _restore_in_a_terminal(s3, other, wid, dest, env={
+        "REWINDFS_PAUSE_AFTER": "3", "REWINDFS_PAUSE_FILE": str(pause)})
+    with term:
+        deadline = time.monotonic() + 120
+        while not pause.exists():
+            assert time.monotonic() < deadline and term.status is None, term.text()
+            time.sleep(0.01)
+        term.ctrl_c()
+        term.wait_for("finishing the restore first")
+        pause.unlink()
+        status = term.wait()
+    assert status == 130, term.text()[-2000:]
+    assert "was finished first" in term.last_line(), term.lines()[-5:]
+    assert exact(dest) == want
+    with Store.open(other, create=False) as s:
+        ws = s.workspace(os.path.realpath(os.fsencode(dest)))
+        assert s.get_intent(ws) is None
