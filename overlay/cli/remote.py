@@ -23,7 +23,7 @@ import rewindfs.store.remote as remote_lib      # LMDB and boto3 come with the c
 from rewindfs.store._errors import UnknownRemoteWorkspace
 
 from rewindfs.overlay.cli import options
-from rewindfs.overlay.cli.rewind import Landing
+from rewindfs.overlay.cli.landing import Landing
 from rewindfs.overlay.control import client
 from rewindfs.overlay.cli.render import escape, human_bytes, parse_duration, truncate
 from rewindfs.overlay.errors import Interrupted, NotAWorkspace, StaleMount, UsageError

@@ -14,7 +14,7 @@ interrupted rewind is pending.
 Ctrl-C (docs/reliability.md, "Clients that go away"): a mounted rewind or
 redo runs in the daemon and goes on to its end; the client stops and says so.  An
 offline one runs here: Ctrl-C before its first change stops it (nothing changed), after
-that it is deferred until the landing is done (``Landing``) — a rewind never stops
+that it is deferred until the landing is done (``landing.Landing``) — a rewind never stops
 half-way.  Either way the last line says which, and the exit code is 130.
 """
 
@@ -25,9 +25,7 @@ import codecs
 import contextlib
 import json
 import os
-import signal
 import socket
-import threading
 import typing
 
 from rewindfs.store._errors import PathEscape, RewindfsError
@@ -35,6 +33,7 @@ from rewindfs.store._errors import PathEscape, RewindfsError
 from rewindfs.overlay import errors
 from rewindfs.overlay.cli import graph, options
 from rewindfs.overlay.cli import render as V
+from rewindfs.overlay.cli.landing import Landing
 from rewindfs.overlay.cli.mount import find_daemon, intent_pending
 from rewindfs.overlay.control import client
 from rewindfs.overlay.errors import (DaemonDied, DaemonGone, Interrupted, NotAWorkspace,
@@ -240,74 +239,6 @@ def _died(root: bytes, store_arg, method: str) -> DaemonDied:
                           then="finishes it first, then serves the workspace again")
     return DaemonDied(path=path, method=method, state="it changed nothing",
                       then="serves the workspace again")
-
-
-class Landing:
-    """What Ctrl-C means for a rewind or redo run by this process.
-
-    Mounted, the daemon runs it: Ctrl-C stops only this client, ``interrupted`` names
-    that.  Offline, this process lands it: until its first change (``rewind.planned``
-    not yet seen) Ctrl-C stops it with nothing changed; from then on (and while an
-    interrupted rewind is finished first, ``landing()``) SIGINT is deferred: one line
-    says the rewind finishes first, and ``pressed`` records it for the last line.  A
-    harder stop (SIGQUIT, SIGKILL) leaves the intent, which the next ``mount``,
-    ``rewind`` or ``redo`` finishes.  SIGINT's own handler is put back on exit.
-    """
-
-    def __init__(self, method: str, *, dry_run: bool):
-        self.method, self.dry_run = method, dry_run
-        self.pressed = self.seen_event = False
-        self._landing = False
-        self._old = None
-
-    def __enter__(self):
-        if threading.current_thread() is threading.main_thread():  # else: cannot, and
-            self._old = signal.signal(signal.SIGINT, self._on_sigint)   # no SIGINT here
-        return self
-
-    def __exit__(self, *exc):
-        if self._old is not None:
-            signal.signal(signal.SIGINT, self._old)
-
-    @contextlib.contextmanager
-    def landing(self):
-        self._landing = True
-        try:
-            yield
-        finally:
-            self._landing = False
-
-    def watch(self, on_event, *, lands_here: bool):
-        def event(ev: dict) -> None:
-            self.seen_event = True
-            if lands_here and ev.get("type") == "rewind.planned" and not ev.get("dry_run"):
-                self._landing = True     # offline: the next step is its first change
-            on_event(ev)
-        return event
-
-    def _on_sigint(self, signum, frame) -> None:
-        if not self._landing:
-            raise KeyboardInterrupt
-        if not self.pressed:
-            self.pressed = True
-            try:    # a plain write: the handler may run in the middle of a rich print
-                os.write(2, f"\nCtrl-C: finishing the {self.method} first (it cannot "
-                            "stop half-way)\n".encode())
-            except OSError:
-                pass    # nowhere to say it; the last line still will
-
-    def interrupted(self, *, mounted: bool) -> Interrupted:
-        what = self.method
-        if self.dry_run:
-            return Interrupted("interrupted: a dry run; nothing was changed")
-        if not mounted:         # raised only before the landing began
-            return Interrupted(f"interrupted: the {what} stopped before its first "
-                               "change; nothing was changed")
-        if self.seen_event:
-            return Interrupted(f"interrupted: the {what} goes on in the daemon; "
-                               "`rewindfs status` shows it")
-        return Interrupted(f"interrupted before the daemon answered: the {what} goes on "
-                           "in the daemon if it was accepted; `rewindfs status` shows it")
 
 
 def cmd_rewind(args, out) -> int:
