@@ -72,6 +72,23 @@ class Terminal:
                 raise AssertionError(f"{needle!r} never appeared:\n{self.text()[-3000:]}")
             time.sleep(0.01)
 
+    def wait_for_file(self, path, timeout: float = 120.0) -> None:
+        """Until *path* exists (a test hook's pause file), while the program runs."""
+        deadline = time.monotonic() + timeout
+        while not os.path.exists(path):
+            if time.monotonic() > deadline or self._exited():
+                raise AssertionError(f"{path} never appeared:\n{self.text()[-3000:]}")
+            time.sleep(0.01)
+
+    def ctrl_c_in_pause(self, pause, says: str) -> int:
+        """Ctrl-C while the program waits in the pause hook (``REWINDFS_PAUSE_FILE`` =
+        *pause*); once it *says* so, let it go on; its exit status."""
+        self.wait_for_file(pause)
+        self.ctrl_c()
+        self.wait_for(says)
+        os.unlink(pause)
+        return self.wait()
+
     def ctrl_c(self) -> None:
         os.write(self.fd, b"\x03")
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -134,10 +133,7 @@ def test_ctrl_c_in_a_terminal_mid_offline_rewind_finishes_it_first(tmp_path):
     term = Terminal([REWINDFS, "--store", str(store), "rewind", "t1"], cwd=root,
                     env={"REWINDFS_PAUSE_AFTER": "500", "REWINDFS_PAUSE_FILE": str(pause)})
     with term:
-        deadline = time.monotonic() + 120
-        while not pause.exists():
-            assert time.monotonic() < deadline and term.status is None, term.text()
-            time.sleep(0.01)
+        term.wait_for_file(pause)
         term.wait_for("rewinding to")
         term.ctrl_c()
         term.wait_for("finishing the rewind first")
@@ -160,14 +156,7 @@ def test_ctrl_c_while_redo_finishes_an_interrupted_rewind_starts_nothing_new(ws)
     term = Terminal([REWINDFS, "--store", str(store), "redo"], cwd=root,
                     env={"REWINDFS_PAUSE_AFTER": "3", "REWINDFS_PAUSE_FILE": str(pause)})
     with term:
-        deadline = time.monotonic() + 120
-        while not pause.exists():
-            assert time.monotonic() < deadline and term.status is None, term.text()
-            time.sleep(0.01)
-        term.ctrl_c()
-        term.wait_for("finishing the redo first")
-        pause.unlink()
-        status = term.wait()
+        status = term.ctrl_c_in_pause(pause, "finishing the redo first")
     assert status == 130, term.text()[-3000:]
     assert "this redo did not start" in term.last_line(), term.lines()[-5:]
     assert not _intent(store, root)

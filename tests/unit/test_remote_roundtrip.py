@@ -188,14 +188,7 @@ def test_ctrl_c_on_a_restore_finishes_it_or_leaves_nothing(s3, tmp_path, capsys)
     term = _restore_in_a_terminal(s3, other, wid, dest, env={
         "REWINDFS_PAUSE_AFTER": "3", "REWINDFS_PAUSE_FILE": str(pause)})
     with term:
-        deadline = time.monotonic() + 120
-        while not pause.exists():
-            assert time.monotonic() < deadline and term.status is None, term.text()
-            time.sleep(0.01)
-        term.ctrl_c()
-        term.wait_for("finishing the restore first")
-        pause.unlink()
-        status = term.wait()
+        status = term.ctrl_c_in_pause(pause, "finishing the restore first")
     assert status == 130, term.text()[-2000:]
     assert "was finished first" in term.last_line(), term.lines()[-5:]
     assert exact(dest) == want
