@@ -16,7 +16,7 @@ __all__ = ["Landing"]
 
 
 class Landing:
-    """What Ctrl-C means for a rewind or redo run by this process.
+    """What Ctrl-C means for a rewind, redo, gc or restore run by this process.
 
     Mounted, the daemon runs it: Ctrl-C stops only this client, ``interrupted`` names
     that.  Offline, this process lands it: until its first change (``rewind.planned``

@@ -314,8 +314,8 @@ def _diff_lines(change: dict, a_name: str, b_name: str, a: bytes | None, b: byte
     # name up to it (a name with spaces stays one name).
     lines = difflib.unified_diff(
         _lines(a), _lines(b),
-        fromfile="/dev/null" if a is None else _header_name("a/", change["path"]),
-        tofile="/dev/null" if b is None else _header_name("b/", change["path"]),
+        fromfile="/dev/null" if a is None else c_quoted("a/" + change["path"]),
+        tofile="/dev/null" if b is None else c_quoted("b/" + change["path"]),
         fromfiledate="" if a is None else f"({a_name})",
         tofiledate="" if b is None else f"({b_name})")
     return _mode_header(change) + [_ended(line) for line in lines], None
@@ -325,11 +325,6 @@ def _diff_lines(change: dict, a_name: str, b_name: str, a: bytes | None, b: byte
 # read it back, so a newline in a name neither forges a header nor names another file
 _C_ESCAPES = {7: "\\a", 8: "\\b", 9: "\\t", 10: "\\n", 11: "\\v", 12: "\\f", 13: "\\r",
               ord('"'): '\\"', ord("\\"): "\\\\"}
-
-
-def _header_name(prefix: str, path: str) -> str:
-    """``prefix + path`` for a ``---``/``+++`` line, C-quoted when git would quote it."""
-    return c_quoted(prefix + path)
 
 
 def c_quoted(name: str) -> str:
@@ -375,7 +370,7 @@ def _mode_header(change: dict) -> list[str]:
     if change["a_mode"] == change["b_mode"]:
         return []
     regular = stat.S_IFREG      # git writes the file type too: 100644
-    a, b = _header_name("a/", change["path"]), _header_name("b/", change["path"])
+    a, b = c_quoted("a/" + change["path"]), c_quoted("b/" + change["path"])
     return [f"diff --git {a} {b}\n", f"old mode {regular | change['a_mode']:o}\n",
             f"new mode {regular | change['b_mode']:o}\n"]
 

@@ -108,10 +108,12 @@ def req_int(params: dict, name: str, method: str, *, minimum: int | None = None,
     if not isinstance(value, int) or isinstance(value, bool) or (
             minimum is not None and value < minimum) or (
             maximum is not None and value > maximum):
-        if maximum is not None:
+        if minimum is not None and maximum is not None:
             bound = f" from {minimum} to {maximum}"
+        elif minimum is not None:
+            bound = f" ≥ {minimum}"
         else:
-            bound = f" ≥ {minimum}" if minimum is not None else ""
+            bound = f" ≤ {maximum}" if maximum is not None else ""
         raise BadParams(method=method, reason=f"{name!r} must be an integer{bound}")
     return value
 

@@ -120,8 +120,10 @@ export function call(socket, method, params = {}, options = {}) {
     conn.on('connect', () => conn.write(line));
     conn.on('error', (error) => {
       const unreachable = ['ENOENT', 'ECONNREFUSED', 'EACCES', 'ENOTSOCK'].includes(error.code);
-      finish(unreachable ? callError('daemon-unreachable', `no rewindfs daemon answers on ${socket}: ${error.code}`)
-        : callError('connection-lost', `connection to the rewindfs daemon failed: ${error.message}`));
+      const failure = unreachable ? callError('daemon-unreachable', `no rewindfs daemon answers on ${socket}: ${error.code}`)
+        : callError('connection-lost', `connection to the rewindfs daemon failed: ${error.message}`);
+      failure.socketError = error.code; // ECONNREFUSED: a socket file nobody listens on (its daemon died)
+      finish(failure);
     });
     conn.on('close', () => finish(callError('connection-lost', 'the rewindfs daemon closed the connection before replying')));
     conn.on('data', (chunk) => {

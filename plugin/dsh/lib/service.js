@@ -126,7 +126,7 @@ export class RewindfsService {
       return { where, result };
     } catch (error) {
       debug(`<- ${method} failed: ${error.code} ${error.message}`);
-      if (error.code === 'daemon-unreachable' && error.message.endsWith('ECONNREFUSED')) {
+      if (error.socketError === 'ECONNREFUSED') {
         // a socket nobody listens on: its daemon died (kill -9, OOM) and left the mount stale
         error.message += ` (the daemon serving ${where.workspace} is gone: \`rewindfs mount --recover ${where.workspace}\` brings the workspace back)`;
       }
