@@ -23,6 +23,7 @@ handle one error, and a push interrupted by it resumes on the next run.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import re
@@ -31,7 +32,7 @@ import urllib.parse
 from dataclasses import dataclass
 
 from .._errors import (BadRemoteUrl, RemoteNoCredentials, RemoteObjectMissing,
-                       RemoteUnreachable)
+                       RemoteUnreachable, StoreFull)
 
 log = logging.getLogger(__name__)
 
@@ -136,6 +137,9 @@ class S3Backend:
         from botocore.exceptions import NoCredentialsError
         if isinstance(exc, NoCredentialsError):
             return RemoteNoCredentials(remote=self.config.name)
+        full = _local_exhaustion(exc)
+        if full is not None:     # our disk, not the remote: running again cannot help
+            return StoreFull(message=f"{what} {key}: {full.strerror}")
         return RemoteUnreachable(remote=self.config.name, reason=f"{what} {key}: {exc}")
 
     def put(self, key: str, data: bytes) -> None:
@@ -303,3 +307,15 @@ def probe_conditional(backend) -> bool:
         return not backend.put_if_absent(key, b"2")
     finally:
         backend.delete(key)
+
+
+def _local_exhaustion(exc: BaseException) -> OSError | None:
+    """The ``ENOSPC``/``EDQUOT`` of this machine's disk behind a failed transfer (boto3
+    wraps the download's own write error), else None."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            return exc
+        exc = exc.__cause__ or exc.__context__
+    return None

@@ -195,3 +195,27 @@ def test_ctrl_c_on_a_restore_finishes_it_or_leaves_nothing(s3, tmp_path, capsys)
     with Store.open(other, create=False) as s:
         ws = s.workspace(os.path.realpath(os.fsencode(dest)))
         assert s.get_intent(ws) is None
+
+
+def test_a_restore_onto_a_full_disk_says_the_disk_is_full(s3, tmp_path, capsys):
+    """``rewindfs restore`` with the store on a full disk said "Remote origin could not be
+    reached or refused the request: get blobs/…: [Errno 28] No space left on device; run
+    the command again to resume" (``remote-unreachable``): the remote was fine, and the
+    same command fails the same way.  It is ``store-full``, naming what to do, and the
+    directory it made is gone again."""
+    from tmpfskit import small_tmpfs
+    with open_history(tmp_path) as h:
+        h.turn(1)
+        h.write(b"big", os.urandom(6 << 20))
+        h.end_turn()
+    store = tmp_path / "store"
+    add_origin(capsys, store, s3)
+    wid = push_done(capsys, store, tmp_path / "ws")["workspace"]
+    with small_tmpfs(tmp_path / "full", "3m") as full:
+        add_origin(capsys, full / "store", s3)
+        code, recs = cli(capsys, "--store", full / "store", "restore", "--from", "origin",
+                         "--workspace", wid, "--point", "e3", full / "dest")
+        (err,) = [r for r in recs if r["type"] == "error"]
+        assert code == 2 and err["code"] == "store-full", recs
+        assert "run the command again" not in err["message"], err
+        assert not (full / "dest").exists()
