@@ -12,7 +12,7 @@ _PUBLIC = {
     **dict.fromkeys(["Epoch"], "_epoch"),
     **dict.fromkeys(["AmbiguousPoint", "BadPath", "BadPoint", "BadRemoteName", "BadSession",
                      "BlobCollision", "BlobCorrupt", "BlobMissing", "EpochClosed", "IndexCorrupt",
-                     "InternalError", "NothingToRedo", "PathEscape", "RedoStale",
+                     "InternalError", "NothingToRedo", "PathEscape", "PathTooLong", "RedoStale",
                      "RewindfsError", "SchemaTooNew", "SessionConflict", "StoreError",
                      "StoreForeign", "StoreFull", "StoreInsideWorkspace", "StoreReadOnly",
                      "TurnOpen", "UnknownPoint"],

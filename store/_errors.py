@@ -140,6 +140,13 @@ class BadPath(RewindfsError):
     errno = _errno.EINVAL
 
 
+class PathTooLong(BadPath):
+    """Path {path} is longer than {limit} bytes: rewindfs records paths up to the kernel's PATH_MAX."""
+
+    code = "path-too-long"
+    errno = _errno.ENAMETOOLONG     # what mkdir(1) or a compiler then says: "File name too long"
+
+
 class PathEscape(BadPath):
     """Path {path} escapes the workspace: {reason}."""
 

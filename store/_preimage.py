@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from ._errors import BadPath
+from ._errors import BadPath, PathTooLong
 
 # The position is the kind's code on disk: append only.  SPECIALS are made by
 # ``mknod``; a device's number is its ``rdev`` (schema 4 added the last three kinds).
@@ -103,7 +103,7 @@ def check_relpath(path) -> bytes:
     if not isinstance(path, bytes):
         raise BadPath(path=path, reason="not bytes")
     if len(path) > MAX_PATH:
-        raise BadPath(path=path[:64] + b"...", reason=f"longer than {MAX_PATH} bytes")
+        raise PathTooLong(path=path[:64] + b"...", limit=MAX_PATH)
     if b"\0" in path:
         raise BadPath(path=path, reason="contains NUL")
     if path == b"":

@@ -581,7 +581,7 @@ async def test_non_finite_gc_numbers_are_bad_params(d):
     ("..", "path-escape"),
     ("x" * 256, "bad-path"),
     ("a\0b", "bad-path"),
-    ("a/" * 2100 + "b", "bad-path"),                  # over 4096 bytes
+    ("a/" * 2100 + "b", "path-too-long"),             # over 4096 bytes
 ])
 async def test_paths_that_leave_or_cannot_name_the_workspace(d, path, code):
     t1 = (await d.call("turn.begin", session="s", turn=1, label="x"))["epoch"]
