@@ -50,8 +50,11 @@ class DaemonUnreachable(RewindfsClientError):
 
     default_code = "daemon-unreachable"
 
-    def __init__(self, socket, reason):
-        super().__init__(f"no rewindfs daemon answers on {socket}: {reason}")
+    def __init__(self, socket, reason, *, gone=None):
+        # gone: the workspace whose daemon died (the same words as the dsh plugin's)
+        hint = (f" (the daemon serving {gone} is gone: `rewindfs mount --recover {gone}`"
+                " brings the workspace back)") if gone else ""
+        super().__init__(f"no rewindfs daemon answers on {socket}: {reason}{hint}")
 
 
 class ConnectionLost(RewindfsClientError):

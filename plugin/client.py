@@ -18,6 +18,7 @@ the workspace; see ``plugin/_paths.py``).
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import socket as _socket
@@ -39,11 +40,20 @@ __all__ = ["Client", "TrioClient", "RewindfsClientError"]
 DEFAULT_TIMEOUT = 60.0
 
 
-def _locate(directory, store) -> bytes:
+def _locate(directory, store) -> tuple[bytes, bytes]:
+    """(socket, workspace) of the daemon serving *directory*'s workspace."""
     found = find_socket(directory, store)
     if found is None:
         raise NotMounted(os.fsdecode(os.path.abspath(directory)))
-    return found[0]
+    return found
+
+
+def _unreachable(client, exc: OSError) -> DaemonUnreachable:
+    """The connect error, and for a socket nobody listens on (``ECONNREFUSED``: its
+    daemon died and left the file) the workspace a person brings back."""
+    gone = client.workspace if exc.errno == errno.ECONNREFUSED else None
+    return DaemonUnreachable(os.fsdecode(client.socket_path), exc.strerror or str(exc),
+                             gone=gone and os.fsdecode(gone))
 
 
 def _check_owner(path: bytes, sock=None) -> None:
@@ -167,8 +177,10 @@ class _Calls:
 class Client(_Calls):
     """Blocking client.  Thread-safe (calls are serialized by a lock)."""
 
-    def __init__(self, socket_path, *, timeout: float | None = DEFAULT_TIMEOUT):
+    def __init__(self, socket_path, *, timeout: float | None = DEFAULT_TIMEOUT,
+                 workspace=None):
         self.socket_path = os.fsencode(socket_path)
+        self.workspace = workspace      # known when found from a directory: for errors
         self.timeout = timeout
         self._sock: _socket.socket | None = None
         self._conv: Conversation | None = None
@@ -177,7 +189,8 @@ class Client(_Calls):
     @classmethod
     def for_directory(cls, directory=".", *, store=None, timeout=DEFAULT_TIMEOUT) -> Client:
         """A client for the daemon serving *directory* (raises NotMounted if none)."""
-        return cls(_locate(directory, store), timeout=timeout)
+        socket_path, workspace = _locate(directory, store)
+        return cls(socket_path, timeout=timeout, workspace=workspace)
 
     def __enter__(self):
         return self
@@ -198,7 +211,7 @@ class Client(_Calls):
             sock.connect(self.socket_path)
         except OSError as exc:
             sock.close()
-            raise DaemonUnreachable(os.fsdecode(self.socket_path), exc.strerror or str(exc)) from None
+            raise _unreachable(self, exc) from None
         try:
             _check_owner(self.socket_path, sock)
         except UnsafeSocket:
@@ -262,11 +275,13 @@ class TrioClient(_Calls):
     ``TrioClient.for_directory(...)``; calls on one client are serialized by a lock.
     """
 
-    def __init__(self, socket_path, *, timeout: float | None = DEFAULT_TIMEOUT):
+    def __init__(self, socket_path, *, timeout: float | None = DEFAULT_TIMEOUT,
+                 workspace=None):
         import trio
 
         self._trio = trio
         self.socket_path = os.fsencode(socket_path)
+        self.workspace = workspace
         self.timeout = timeout
         self._stream = None
         self._conv: Conversation | None = None
@@ -274,7 +289,8 @@ class TrioClient(_Calls):
 
     @classmethod
     def for_directory(cls, directory=".", *, store=None, timeout=DEFAULT_TIMEOUT) -> TrioClient:
-        return cls(_locate(directory, store), timeout=timeout)
+        socket_path, workspace = _locate(directory, store)
+        return cls(socket_path, timeout=timeout, workspace=workspace)
 
     async def __aenter__(self):
         return self
@@ -295,8 +311,7 @@ class TrioClient(_Calls):
                 try:
                     stream = await trio.open_unix_socket(self.socket_path)
                 except OSError as exc:
-                    raise DaemonUnreachable(os.fsdecode(self.socket_path),
-                                            exc.strerror or str(exc)) from None
+                    raise _unreachable(self, exc) from None
                 try:
                     _check_owner(self.socket_path, stream.socket)
                 except UnsafeSocket:

@@ -67,3 +67,38 @@ async def test_trio_client_against_the_real_daemon(tmp_path):
                 await c.call("no.such.method")
             assert exc.value.code == "unknown-method"
             assert await c.turn_end("t") > epoch
+
+
+@pytest.mark.mount
+def test_a_dead_daemon_is_named_with_the_command_that_brings_the_workspace_back(
+        tmp_path, caplog):
+    """The daemon is killed under an agent loop (OOM killer, ``kill -9``): its socket
+    file stays and nobody listens.  The error, and the agent API's warning that turns
+    run unprotected, say what a person runs next, as the CLI's ``stale-mount`` does."""
+    import signal
+
+    from mountkit import mounted
+
+    from rewindfs.plugin import Client, DaemonUnreachable
+
+    ws, store = tmp_path / "ws", tmp_path / "store"
+    ws.mkdir()
+    with mounted(ws, store, require_clean=False) as m:
+        m.proc.send_signal(signal.SIGKILL)
+        m.proc.wait()
+        hint = f"`rewindfs mount --recover {ws}` brings the workspace back"
+        with Client.for_directory(ws, store=store) as client:
+            with pytest.raises(DaemonUnreachable) as exc:
+                client.status()
+        assert exc.value.code == "daemon-unreachable"
+        assert hint in exc.value.message, exc.value.message
+        with caplog.at_level("WARNING", logger="rewindfs"):
+            with Rewindfs.for_directory(ws, store=store) as rw:
+                with rw.turn("agent-1", 1, "x") as t1:
+                    assert not t1.protected
+        assert hint in caplog.text, caplog.text
+        with Rewindfs.for_directory(ws, store=store, strict=True) as rw:
+            with pytest.raises(DaemonUnreachable) as exc:
+                with rw.turn("agent-1", 1, "x"):
+                    pass
+        assert hint in exc.value.message, exc.value.message
