@@ -135,6 +135,9 @@ def build_parser():
     parser.add_argument("--json", action="store_true", help="print JSON Lines")
     parser.add_argument("--store", metavar="PATH", help="store path (default $REWINDFS_HOME, "
                         "$XDG_DATA_HOME/rewindfs or ~/.local/share/rewindfs)")
+    parser.add_argument("-C", dest="chdir", action="append", metavar="DIR",
+                        help="run as if started in DIR (as git -C; repeatable, each "
+                        "relative one taken from the one before)")
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug output")
     parser.add_argument("--version", action="version", version=f"rewindfs {_version()}")
     parser.set_defaults(**options.DEFAULTS)
@@ -159,6 +162,9 @@ def main(argv=None) -> int:
         handler = table.get(args.command)
         if handler is None:
             raise UsageError("name a command (rewindfs --help lists them)")
+        for place in args.chdir or ():      # rewindfs -C DIR COMMAND: as git -C
+            check_named_dir(place)
+            os.chdir(place)
         if getattr(args, "workspace", None):        # -C DIR: say so if it is not one
             check_named_dir(args.workspace)
         return int(handler(args, out) or 0)

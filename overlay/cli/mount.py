@@ -353,9 +353,10 @@ def _say_pending_intent(store_path, real: bytes, out) -> None:
 def cmd_unmount(args, out) -> int:
     check_named_dir(args.dir)      # a typo is named as such (a dead mount is left to unmount)
     reply: dict = {}
-    how, users = unmount_workspace(args.dir, resolve_store_path(args.store), lazy=args.lazy,
-                                   reply=reply)
     real = os.fsdecode(os.path.realpath(os.fsencode(args.dir)))
+    store = resolve_store_path(args.store)
+    _step_out_of(real)
+    how, users = unmount_workspace(real, store, lazy=args.lazy, reply=reply)
     out.emit("unmounted", workspace=real, how=how,
              left_inside=[{"pid": u.pid, "command": u.command, "how": u.how} for u in users],
              **({"push": reply["push"]} if reply.get("push") else {}))
@@ -367,6 +368,18 @@ def cmd_unmount(args, out) -> int:
     if users:
         _warn_left_inside(out, real, users)
     return 0
+
+
+def _step_out_of(real: str) -> None:
+    """Leave *real* if this process's working directory is in it (``rewindfs -C DIR
+    unmount .``): the unmount would detach the mount under our own feet, and every
+    path after it would fail with "Transport endpoint is not connected"."""
+    try:
+        here = os.getcwd()
+    except OSError:
+        return
+    if here == real or here.startswith(real.rstrip("/") + "/"):
+        os.chdir("/")
 
 
 def _warn_left_inside(out, real: str, users) -> None:

@@ -136,3 +136,29 @@ def test_a_rewind_that_restores_the_ignore_file_puts_its_rules_in_force(tmp_path
         changed = {r["path"] for r in _records(res) if r["type"] == "diff.change"}
         assert changed == {"y.tmp"}, changed
         assert (m.ws / ".rewindignore").read_text() == "*.log\n"
+
+
+def test_dash_c_before_the_command_works_as_git_dash_c(tmp_path):
+    """``rewindfs -C ~/proj status``, typed as ``git -C ~/proj status`` is, said
+    "invalid choice: '…/proj'" (the directory taken for the command).  Before the
+    command, ``-C DIR`` runs it as if started in DIR (git's rule: a later relative
+    ``-C`` is taken from the earlier one, and so are relative paths after it); a DIR
+    that is not there is named (``bad-workspace``) and nothing runs."""
+    ws, store = tmp_path / "ws", tmp_path / "store"
+    (ws / "sub").mkdir(parents=True)
+    with mounted(ws, store):
+        res = cli("-C", tmp_path, "-C", "ws/sub", "turn", "begin", "--session", "s",
+                  "--turn", "1", store=store)
+        assert res.returncode == 0, res.stderr
+        (ws / "f").write_text("made in turn 1\n")
+        res = cli("-C", ws, "turn", "end", store=store)
+        assert res.returncode == 0, res.stderr
+        res = cli("-C", ws, "--json", "diff", "t1", "--name-status", store=store)
+        assert res.returncode == 0, res.stderr
+        assert [(r["status"], r["path"]) for r in _records(res)] == [("A", "f")], res.stdout
+        res = cli("-C", ws, "unmount", ".", store=store)       # DIR taken from -C too
+        assert res.returncode == 0, res.stderr
+        assert not is_rewindfs_mount(ws)
+    res = cli("--json", "-C", tmp_path / "nope", "log", store=store)
+    record = _records(res)[-1]
+    assert res.returncode == 2 and record["code"] == "bad-workspace", record
