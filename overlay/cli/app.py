@@ -146,7 +146,39 @@ def build_parser():
     for group in (mount, rewind, remote):    # one module per command group
         group.register(sub)
         table.update(group.HANDLERS)
+    _register_help(sub, parser)
+    table["help"] = _help
     return parser, table
+
+
+def _register_help(sub, parser) -> None:
+    """``rewindfs help [COMMAND…]``, as ``git help log``: that command's ``--help``."""
+    p = sub.add_parser("help", help="show the help of rewindfs or of a command")
+    p.add_argument("topic", nargs="*", metavar="COMMAND",
+                   help="a command, or a group and its command (help remote add)")
+    p.set_defaults(parser=parser)
+
+
+def _help(args, out) -> int:
+    parser = args.parser
+    for word in args.topic:
+        choices = _subcommands(parser)
+        if not choices:
+            raise UsageError(f"{parser.prog} has no commands under it ({word!r})")
+        if word not in choices:
+            raise UsageError(f"no command {word!r} in {parser.prog} (one of: "
+                             f"{', '.join(choices)})")
+        parser = choices[word]
+    out.write_raw(parser.format_help())
+    return 0
+
+
+def _subcommands(parser) -> dict:
+    """The commands under *parser* (``{}`` for a leaf)."""
+    for action in parser._actions:      # argparse keeps them nowhere public
+        if isinstance(action, argparse._SubParsersAction):
+            return {name: p for name, p in action.choices.items()}
+    return {}
 
 
 def main(argv=None) -> int:

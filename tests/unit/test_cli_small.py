@@ -169,6 +169,29 @@ def test_every_option_and_positional_has_help():
     assert dirs["run"][0] == ("-C", "--dir")
 
 
+@pytest.mark.parametrize("words", [[], ["rewind"], ["remote", "add"], ["turn", "begin"]])
+def test_help_command_is_the_commands_own_help(tmp_path, words):
+    """``rewindfs help rewind``, typed as ``git help log`` is, said "invalid choice:
+    'help'".  It prints what ``rewindfs rewind --help`` prints."""
+    store = tmp_path / "store"
+    asked = cli("help", *words, store=store)
+    assert asked.returncode == 0, asked.stderr
+    assert asked.stdout == cli(*words, "--help", store=store).stdout
+    assert asked.stdout.startswith(f"usage: {' '.join(['rewindfs', *words])} ")
+    assert not store.exists()
+
+
+@pytest.mark.parametrize("words, says", [
+    (["nosuch"], "no command 'nosuch' in rewindfs (one of: mount, "),
+    (["remote", "nosuch"], "no command 'nosuch' in rewindfs remote (one of: add, "),
+    (["log", "x"], "rewindfs log has no commands under it ('x')"),
+])
+def test_help_of_no_command_is_a_usage_error(tmp_path, words, says):
+    res = cli("help", *words, store=tmp_path / "store")
+    assert res.returncode == 3 and says in res.stderr, res.stderr
+    assert res.stdout == ""
+
+
 def test_redo_help_names_no_point(tmp_path):
     res = cli("redo", "--help")
     assert res.returncode == 0
