@@ -21,7 +21,8 @@
  * - `conversation.chat.commandview` for `rewind` and `redo`: the whole reply, line
  *   by line (the stock row shows only its first line).
  * - `conversation.session.header.actions`: "undo the rewind that landed here"
- *   (only while a `/redo` in this session would do something), "rewind status"
+ *   (only while a `/redo` in this session would do something) and, beside it, what
+ *   else that rewind undid or could not restore (its reply stays in the parent), "rewind status"
  *   (runs `/rewind status`; the answer lands in the transcript), and, once a turn of
  *   the session ran unprotected (no daemon serves the workspace, or it did not
  *   answer), a notice naming those turns and why — the plugin's stderr notice never
@@ -324,6 +325,7 @@ window.__ModuleLoader__.load({
       return function UndoRewind({ sessionId, useSession }) {
         const seqs = useSession((s) => s.nodes?.length ?? 0);
         const [canRedo, setCanRedo] = React.useState(false);
+        const [landed, setLanded] = React.useState(undefined);   // {short, full}: what else it undid
         const [refused, setRefused] = React.useState(undefined);
         const [tick, setTick] = React.useState(0);
         const [busy, onClick] = useSingleRun(async () => {
@@ -341,12 +343,15 @@ window.__ModuleLoader__.load({
         React.useEffect(() => {
           let live = true;
           getJson('/rewindfs/api/redo-state', sessionId).then(
-            (value) => { if (live) setCanRedo(value.canRedo === true); },
-            () => { if (live) setCanRedo(false); });
+            (value) => { if (live) { setCanRedo(value.canRedo === true); setLanded(value.landed); } },
+            () => { if (live) { setCanRedo(false); setLanded(undefined); } });
           return () => { live = false; };
         }, [sessionId, seqs, tick]);
         if (!canRedo && refused === undefined) return null;
         return h('span', { 'data-rewindfs': 'undo' },
+          canRedo && landed !== undefined
+            ? h('span', { role: 'status', 'data-rewindfs': 'landed', title: landed.full, 'aria-label': landed.full, style: noticeStyle }, landed.short)
+            : null,
           canRedo ? h('button', { type: 'button', style: buttonStyle, title: 'undo the rewind that landed here (/redo)', 'aria-label': 'undo the rewind that landed here', disabled: busy, onClick }, '↻ undo rewind') : null,
           refused === undefined ? null : h('span', { role: 'status', style: statusStyle }, refused));
       };

@@ -7,7 +7,8 @@ plugin installed into the web profile and the scripted model endpoint:
 - two turns whose bash calls write files;
 - the rewind control (↺) of turn 2, with its tooltip → the files are byte for byte
   the tree before turn 2, the child session is open in the page and listed under the
-  workspace (not "Ungrouped"), the parent's title starts with "↩ ";
+  workspace (not "Ungrouped"), the parent's title starts with "↩ "; a line the person
+  added between turns is undone too, and the child's header says so;
 - ``/redo`` typed in the parent → refused: rewound into the child;
 - the header's "undo the rewind that landed here" → the tree after turn 2, the mark
   is gone; "rewind status" → its answer in the transcript;
@@ -44,6 +45,7 @@ P4 = "turn four: a small change"
 DONE1, DONE2, DONE3, DONE4 = "turn one done", "turn two done", "turn three done", "turn four done"
 
 UNDO = '[aria-label="undo the rewind that landed here"]'
+LANDED = '[data-rewindfs="landed"]'
 STATUS = '[aria-label="rewind status"]'
 COMPOSER = "textarea"
 COMMAND_VIEW = '[data-rewindfs="command-view"]'
@@ -138,6 +140,10 @@ def run_flow(page, web, dsh, ws, store, gate):
     send(page, P2)
     page.do("wait", target=f"text={DONE2}")
     page.do("wait", target=f"{rewind_control(2)}:not([disabled])")
+    # The person adds a line of her own in her editor, between turns: the rewind
+    # undoes it too (the point is before turn 2), and must say so where she lands.
+    with open(ws / "notes.txt", "a") as f:
+        f.write("my own line\n")
     after_turn2 = snapshot(ws)
     assert compare(before_turn2, after_turn2)
     page.shot("1-two-turns")
@@ -150,8 +156,16 @@ def run_flow(page, web, dsh, ws, store, gate):
     # Double-clicked, as people do: one fork, one rewind.
     page.do("dblclick", target=rewind_control(2))
     page.do("wait", target=UNDO)
+    page.do("wait", target=LANDED)
     page.shot("2-rewound-into-child")
     assert compare(before_turn2, snapshot(ws)) == []
+    # Where she lands (the child), the header says what else the rewind undid; the
+    # /rewind reply that says it too stays in the parent's transcript.
+    notice = page.do("text", target=LANDED)["text"]
+    assert notice == "⚠ the rewind also undid 1 change made outside this session's turns: notes.txt", notice
+    full = page.do("attr", target=LANDED, name="title")["value"]
+    assert "rewindfs: it also undid edits between turns: notes.txt" in full, full
+    assert "↻ undo rewind brings them back" in full, full
     logs = session_logs(dsh.home)
     children = [sid for sid, log in logs.items() if log[0].get("parentSession") == parent]
     assert len(children) == 1, logs.keys()
@@ -180,6 +194,7 @@ def run_flow(page, web, dsh, ws, store, gate):
     page.do("dblclick", target=UNDO)
     page.do("wait", target=UNDO, state="detached")
     page.do("wait", target=f"text=rewindfs: redo done in session {child}")
+    assert page.do("count", target=LANDED)["count"] == 0     # her line is back
     page.shot("4-undone")
     redo_rows = f'{COMMAND_VIEW}[data-command="redo"]'
     assert page.do("count", target=redo_rows)["count"] == 1, page.do("text", target="body")["text"][-1500:]

@@ -12,7 +12,25 @@
  */
 import { refusal } from './errors.js';
 import { shortCommand } from './jobs.js';
-import { parseTurn } from './service.js';
+
+const RELATIVE = /^(?:[-+~^].*|head.*|prev(?:ious)?|last|latest|back)$/i;
+
+/**
+ * Parse the turn argument of `/rewind <turn>`: an absolute turn number (`3` or `t3`), or a point
+ * id "e<epoch>" as `/rewind` lists and the daemon accepts.
+ * @param {string} text - the argument as typed.
+ * @returns {{turn: number} | {point: string} | {refusal: {code: string, message: string}}} parsed turn.
+ */
+export function parseTurn(text) {
+  // "t3" is the CLI's spelling of turn 3 (`rewindfs rewind t3`), so a person who uses both types it here too
+  if (/^[tT][0-9]+$/.test(text)) text = text.slice(1);
+  if (/^[0-9]+$/.test(text) && Number(text) >= 1 && Number.isSafeInteger(Number(text))) return { turn: Number(text) };
+  if (/^e[0-9]+$/.test(text) && Number.isSafeInteger(Number(text.slice(1)))) return { point: text };
+  if (RELATIVE.test(text)) {
+    return { refusal: refusal('relative-point', `"${text}" is a relative point; name an absolute turn number (see /rewind)`) };
+  }
+  return { refusal: refusal('bad-turn', `"${text}" is not a turn number (turns count from 1; see /rewind)`) };
+}
 
 export const USAGE = 'usage: /rewind [<turn> [--into <session>] | status]';
 
@@ -67,7 +85,53 @@ export function renderRewind(v) {
     `rewindfs: open session ${v.child} to go on there (web UI: the session list, under this workspace); this session's title now starts with "↩ ".`,
     `rewindfs: /redo in session ${v.child} undoes this rewind.`,
   ];
-  return lines.concat(renderStopped(v.stopped ?? []), renderFailures(v)).join('\n');
+  return lines.concat(renderForeign(v.foreign ?? [], `/redo in session ${v.child}`),
+    renderStopped(v.stopped ?? []), renderFailures(v)).join('\n');
+}
+
+/**
+ * What a rewind undid beyond the session's own turns — the daemon's `foreign` paths, a
+ * person's edits between turns or another session's turns since the point — one line
+ * per source, then how to get them back.  A person must hear it: a line she wrote
+ * herself is gone from the tree, and only a redo brings it back.
+ * @param {{path: string, kind: string, session?: string|null, turn?: number|null}[]} foreign
+ * @param {string} undo - how to undo the rewind (`/redo in session c`, `↻ undo rewind`).
+ */
+export function renderForeign(foreign, undo) {
+  if (foreign.length === 0) return [];
+  const bySource = new Map();
+  for (const f of foreign) {
+    const source = f.kind === 'idle' ? 'edits between turns'
+      : f.kind === 'turn' ? `turn ${f.turn ?? '?'} of session ${f.session ?? '?'}` : `a ${f.kind}`;
+    bySource.set(source, [...(bySource.get(source) ?? []), f.path]);
+  }
+  const lines = [...bySource].map(([source, paths]) => `rewindfs: it also undid ${source}: ${someOf(paths, 10)}`);
+  return [...lines, `rewindfs: ${undo} brings them back`];
+}
+
+/**
+ * The header notice of the session a rewind landed in, where its reply is not shown:
+ * undefined when there is nothing a person must know (every path restored, only the
+ * session's own turns undone, no job stopped), else `{short, full}` (text, tooltip).
+ * @param {{foreign?: object[], failed?: object[], stopped?: object[]}} v - the rewind result.
+ */
+export function landedNotice(v) {
+  const foreign = v.foreign ?? [];
+  const failed = v.failed ?? [];
+  const stopped = v.stopped ?? [];
+  const parts = [];
+  if (foreign.length > 0) parts.push(`the rewind also undid ${plural(foreign.length, 'change')} made outside this session's turns: ${someOf(foreign.map((f) => f.path), 2)}`);
+  if (failed.length > 0) parts.push(`${plural(failed.length, 'path')} NOT restored: ${someOf(failed.map((f) => f.path), 2)}`);
+  if (stopped.length > 0) parts.push(`${plural(stopped.length, 'background job')} of the removed turns stopped`);
+  if (parts.length === 0) return undefined;
+  const full = [...renderForeign(foreign, '↻ undo rewind'), ...renderStopped(stopped), ...renderFailures(v)];
+  return { short: `⚠ ${parts.join('; ')}`, full: full.join('\n') };
+}
+
+/** "a, b and 3 more": the first `max` of `items`. */
+function someOf(items, max) {
+  const shown = items.slice(0, max).join(', ');
+  return items.length > max ? `${shown} and ${items.length - max} more` : shown;
 }
 
 /**

@@ -22,6 +22,7 @@
 import { randomUUID } from 'node:crypto';
 import { call } from './client.js';
 import { callError, codeOf, refusal } from './errors.js';
+import { landedNotice } from './commands.js';
 import { forkCut, turnsOf } from './fork.js';
 import { stopWorkOfTurns, TURN_ENV, turnTag } from './jobs.js';
 import { checkFreshFork, markedTitle, unmarkedTitle } from './lineage.js';
@@ -37,25 +38,6 @@ const refuseWith = (error, message = error.message) => ({
 });
 const ok = (value) => ({ ok: true, value });
 const SESSION_ID = /^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$/;
-const RELATIVE = /^(?:[-+~^].*|head.*|prev(?:ious)?|last|latest|back)$/i;
-
-/**
- * Parse the turn argument of `/rewind <turn>`: an absolute turn number (`3` or `t3`), or a point
- * id "e<epoch>" as `/rewind` lists and the daemon accepts.
- * @param {string} text - the argument as typed.
- * @returns {{turn: number} | {point: string} | {refusal: {code: string, message: string}}} parsed turn.
- */
-export function parseTurn(text) {
-  // "t3" is the CLI's spelling of turn 3 (`rewindfs rewind t3`), so a person who uses both types it here too
-  if (/^[tT][0-9]+$/.test(text)) text = text.slice(1);
-  if (/^[0-9]+$/.test(text) && Number(text) >= 1 && Number.isSafeInteger(Number(text))) return { turn: Number(text) };
-  if (/^e[0-9]+$/.test(text) && Number.isSafeInteger(Number(text.slice(1)))) return { point: text };
-  if (RELATIVE.test(text)) {
-    return { refusal: refusal('relative-point', `"${text}" is a relative point; name an absolute turn number (see /rewind)`) };
-  }
-  return { refusal: refusal('bad-turn', `"${text}" is not a turn number (turns count from 1; see /rewind)`) };
-}
-
 export class RewindfsService {
   /**
    * @param {object} ctx - the plugin's Cordis context.
@@ -70,6 +52,7 @@ export class RewindfsService {
     this.sessions = new Map();   // session id -> {begun: Map<turn, state>, ended, open, warned, unprotected}
     this.outside = new Set();    // tool writes outside the workspace (not protected)
     this.stoppedFor = new Map(); // child session -> {turn, stopped}: what its rewind stopped
+    this.landedIn = new Map();   // child session -> {rewind, notice}: what its header says
     this.pushRefused = new Set(); // push refusal codes already told (once each)
   }
 
@@ -320,6 +303,7 @@ export class RewindfsService {
       }
       this.markRewound(agent.session);
       this.noteStopped(childId, turn, work.value.stopped);
+      this.noteLanded(childId, { ...result, stopped: work.value.stopped });
       return ok({ ...result, turn, target: result.target ?? epoch, parent: agent.id, child: childId, seedLength: cut.cut, forked: !forked, stopped: work.value.stopped, ...(learned === undefined ? {} : { learned }) });
     } catch (error) {
       if (handle === undefined) return refuseWith(error, `${error.message} (the files were not rewound)`);
@@ -367,6 +351,18 @@ export class RewindfsService {
   }
 
   /** Remember what the rewind into `child` stopped: `/redo` there says it is not restarted. */
+  /**
+   * Keep what the header of `child` says about the rewind that landed there (its
+   * reply stays in the parent's transcript, which the web UI's control leaves).
+   * @param {string} child - the session the rewind landed in.
+   * @param {{epoch: number, foreign?: object[], failed?: object[], stopped?: object[]}} result
+   */
+  noteLanded(child, result) {
+    const notice = landedNotice(result);
+    if (notice === undefined) this.landedIn.delete(child);
+    else this.landedIn.set(child, { rewind: result.epoch, notice });
+  }
+
   noteStopped(child, turn, stopped) {
     if (stopped.length > 0) this.stoppedFor.set(child, { turn, stopped });
   }
@@ -467,7 +463,12 @@ export class RewindfsService {
   async redoState(id) {
     try {
       const { result } = await this.enqueue(id, () => this.rpc(this.cwdOfSession(id), 'redo.state', { session: id }));
-      return ok({ session: id, canRedo: result.can_redo === true, ...(result.rewind == null ? {} : { rewind: result.rewind }), ...(result.reason == null ? {} : { reason: result.reason }) });
+      const canRedo = result.can_redo === true;
+      // the notice of the rewind on top of the redo stack only: once undone (or
+      // buried under a newer rewind) what it undid is no longer the news
+      const landed = this.landedIn.get(id);
+      const notice = canRedo && landed !== undefined && landed.rewind === result.rewind ? landed.notice : undefined;
+      return ok({ session: id, canRedo, ...(result.rewind == null ? {} : { rewind: result.rewind }), ...(result.reason == null ? {} : { reason: result.reason }), ...(notice === undefined ? {} : { landed: notice }) });
     } catch (error) {
       return ok({ session: id, canRedo: false, reason: `${codeOf(error)}: ${error.message}` });
     }

@@ -4,7 +4,7 @@ import { test } from 'node:test';
 import { parseRewind, renderPoints, renderRefusal } from '../lib/commands.js';
 import { Config, DEFAULTS, validateConfig } from '../lib/config.js';
 import { forkCut, labelOf, turnsOf } from '../lib/fork.js';
-import { parseTurn } from '../lib/service.js';
+import { parseTurn } from '../lib/commands.js';
 
 test('config: defaults, accepted values, refusals that name the key', () => {
   assert.deepEqual(validateConfig(undefined).value, { ...DEFAULTS });

@@ -11,7 +11,8 @@ import vm from 'node:vm';
 import { parseRewind } from '../lib/commands.js';
 import { DEFAULTS } from '../lib/config.js';
 import { checkFreshFork, markedTitle, REWOUND_PREFIX, unmarkedTitle } from '../lib/lineage.js';
-import { parseTurn, RewindfsService } from '../lib/service.js';
+import { parseTurn } from '../lib/commands.js';
+import { RewindfsService } from '../lib/service.js';
 import { registerWebRoutes } from '../lib/web.js';
 
 const ROOT = join(dirname(fileURLToPath(import.meta.url)), '..');
