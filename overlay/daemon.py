@@ -375,6 +375,7 @@ def _serve(store, ws, root_fd, real, store_path, ready, writeback, session_kind,
            auto=None) -> int:
     writeback = writeback or writeback_default()
     _recover_intent(root_fd, store, ws)
+    store.begin_mount(ws)       # the tree as mounted is a point (docs/history.md)
     _preload(real, auto)
     sock_path = control_socket_path(store_path, real)
     listener = server.bind_socket(sock_path, real)

@@ -251,6 +251,21 @@ class Store:
             self.flush()
         return e
 
+    def begin_mount(self, ws) -> _epoch.Epoch:
+        """A mount begins serving ``ws``: if its open epoch is an ``idle`` one that
+        recorded anything, close it and open a new ``idle`` epoch, so the tree as
+        mounted is a point (edits made while unmounted are not seen, and one of them
+        changed again in the old epoch would have no pre-image: that path has one
+        there).  Any other open epoch (an empty idle one, a turn a harness still
+        ends) is returned as it is."""
+        with self._w() as txn:
+            cur = _epoch.current(txn, self._db, ws)
+            if cur.kind != "idle" or cur.paths == 0:
+                return cur
+            e = _epoch.open_new(txn, self._db, ws, "idle")
+        self.flush()
+        return e
+
     def open_turn(self, ws) -> _epoch.Epoch | None:
         with self._r() as txn:
             e = _epoch.last(txn, self._db, ws)

@@ -200,3 +200,46 @@ def test_the_agent_api_follows_the_same_rules_and_codes(m):
         assert ambiguous.value.code == "ambiguous-point"
         assert [c["session"] for c in ambiguous.value.details["data"]["choices"]] == [
             "s1", "s2"]
+
+
+def _log(ws, store):
+    res = cli("--json", "log", "-C", ws, store=store)
+    assert res.returncode == 0, res.stderr
+    return [r for r in map(json.loads, res.stdout.splitlines()) if "epoch" in r]
+
+
+def test_each_run_is_a_point_of_its_own(tmp_path):
+    """Two ``rewindfs run`` commands, no turns: the second one's changes landed in the
+    first one's idle epoch, so the tree between the two was no point — undoing the
+    second run undid the first too.  Each mount now starts at a point when the open
+    idle epoch recorded anything; a mount that changed nothing adds no epoch."""
+    ws, store = tmp_path / "ws", tmp_path / "store"
+    ws.mkdir()
+    (ws / "a").write_text("orig\n")
+    for command in ("echo first > a; echo new > b", "echo second > a", "true"):
+        res = cli("run", "-C", ws, "--", "sh", "-c", command, store=store)
+        assert res.returncode == 0, res.stderr
+    epochs = _log(ws, store)
+    assert [e["paths"] for e in epochs] == [2, 1, 0], epochs
+    second_run = epochs[1]["epoch"]
+    res = cli("rewind", f"e{second_run}", "-C", ws, store=store)
+    assert res.returncode == 0, res.stderr
+    assert files(ws) == {"a": "first\n", "b": "new\n"}
+
+
+def test_a_state_left_by_edits_while_unmounted_stays_a_point(tmp_path):
+    """Edits made while nothing was mounted are not seen (the daemon was not there);
+    but the tree they left is what the next mount serves, and a change to it in the
+    same idle epoch as before the unmount was not recorded (the path's pre-image was
+    already there): that tree was lost.  It is now the point the mount starts at."""
+    ws, store = tmp_path / "ws", tmp_path / "store"
+    ws.mkdir()
+    (ws / "y").write_text("P0\n")
+    with mounted(ws, store) as m:
+        (m.ws / "y").write_text("mounted edit\n")
+    (ws / "y").write_text("P1: edited while unmounted\n")
+    with mounted(ws, store) as m:
+        (m.ws / "y").write_text("P2\n")
+        res = run(m, "rewind", f"e{_log(ws, store)[-1]['epoch']}")
+        assert res.returncode == 0, res.stderr
+        assert (m.ws / "y").read_text() == "P1: edited while unmounted\n"

@@ -176,7 +176,7 @@ def test_wrong_parameter_types(daemon, call, rid):
     method, params = call
     reply = _error(client.ask(_req(method, params, rid)))
     assert reply in ("bad-params", "path-escape", "relative-point", "unknown-point",
-                     "bad-point", "bad-path", "ambiguous-point", "bad-session",
+                     "bad-point", "bad-path", "path-too-long", "ambiguous-point", "bad-session",
                      "session-conflict", "not-a-file"), (method, params, reply)
 
 
