@@ -310,14 +310,15 @@ def _recover_intent(root_fd: int, store, ws: int) -> None:
 
 def serve_mount(dir_path, store_path=None, *, recover: bool = False, ready=None,
                 writeback: bool = False, session_kind: str | None = None,
-                auto: str | None = None) -> int:
+                auto: str | None = None, label: str = "") -> int:
     """Mount the workspace and serve it until unmounted; returns 0 after a clean unmount.
 
     ``ready()`` is called once the mount is live (before the loop starts).  Errors before
     that raise ``RewindfsError`` subclasses and leave nothing mounted.  *session_kind*:
     the FUSE session layer (``fs.session.choose``: ``kernel`` or ``libfuse``).  *auto*:
     the remote pushed to in the background after every turn end (``mount --auto``;
-    checked before mounting: ``UnknownRemote``).
+    checked before mounting: ``UnknownRemote``).  *label*: the epoch the mount starts
+    is labelled so (``rewindfs run``: its command; ``Store.begin_mount``).
     """
     session_kind = session.choose(session_kind)
     raise_soft_limit()   # every fd cache takes a share of it: _fdbudget
@@ -342,7 +343,7 @@ def serve_mount(dir_path, store_path=None, *, recover: bool = False, ready=None,
         root_fd = os.open(real, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
             return _serve(store, ws, root_fd, real, store_path, ready, writeback,
-                          session_kind, auto)
+                          session_kind, auto, label)
         finally:
             os.close(root_fd)
 
@@ -372,10 +373,10 @@ def writeback_default() -> bool:
 
 
 def _serve(store, ws, root_fd, real, store_path, ready, writeback, session_kind,
-           auto=None) -> int:
+           auto=None, label="") -> int:
     writeback = writeback or writeback_default()
     _recover_intent(root_fd, store, ws)
-    store.begin_mount(ws)       # the tree as mounted is a point (docs/history.md)
+    store.begin_mount(ws, label)    # the tree as mounted is a point (docs/history.md)
     _preload(real, auto)
     sock_path = control_socket_path(store_path, real)
     listener = server.bind_socket(sock_path, real)

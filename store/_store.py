@@ -251,18 +251,19 @@ class Store:
             self.flush()
         return e
 
-    def begin_mount(self, ws) -> _epoch.Epoch:
+    def begin_mount(self, ws, label: str = "") -> _epoch.Epoch:
         """A mount begins serving ``ws``: if its open epoch is an ``idle`` one that
         recorded anything, close it and open a new ``idle`` epoch, so the tree as
         mounted is a point (edits made while unmounted are not seen, and one of them
         changed again in the old epoch would have no pre-image: that path has one
-        there).  Any other open epoch (an empty idle one, a turn a harness still
-        ends) is returned as it is."""
+        there).  With a ``label`` (``rewindfs run``: its command) an open idle epoch
+        is always followed by a new one carrying it.  Any other open epoch (an empty
+        idle one without a label, a turn a harness still ends) is returned as is."""
         with self._w() as txn:
-            cur = _epoch.current(txn, self._db, ws)
-            if cur.kind != "idle" or cur.paths == 0:
+            cur = _epoch.last(txn, self._db, ws)
+            if cur is not None and (cur.kind != "idle" or (cur.paths == 0 and not label)):
                 return cur
-            e = _epoch.open_new(txn, self._db, ws, "idle")
+            e = _epoch.open_new(txn, self._db, ws, "idle", label=str(label))
         self.flush()
         return e
 

@@ -129,7 +129,8 @@ def describe(node: dict, by_id: dict[int, dict]) -> str:
         return f"{who}rewind → {_point_name(node.get('target'), session, by_id)}"
     if kind == "redo":
         return f"{who}redo of e{node.get('target')}"
-    return kind
+    label = node.get("label")      # an idle epoch a run started: "run: make test"
+    return kind + (f' "{escape(label, markup=False)}"' if label else "")
 
 
 def _point_name(target, owner, by_id) -> str:

@@ -105,10 +105,11 @@ def _log_path(store, real: bytes) -> bytes:
 
 
 def spawn_daemon(dir_path, store, *, recover: bool = False, session_kind=None,
-                 auto=None) -> int:
+                 auto=None, label: str = "") -> int:
     """Fork a daemon for *dir_path*; return its pid once it is mounted, or raise its
     startup error.  *session_kind*: the FUSE session layer (None: the default);
-    *auto*: the remote to push to after every turn end (``mount --auto``)."""
+    *auto*: the remote to push to after every turn end (``mount --auto``); *label*:
+    of the epoch the mount starts (``run``: its command)."""
     real = _checked_workspace(dir_path, store, recover)
     logfile = _log_path(store, real)
     ensure_runtime_dir(os.path.dirname(logfile))   # refused here: nothing written yet
@@ -117,7 +118,8 @@ def spawn_daemon(dir_path, store, *, recover: bool = False, session_kind=None,
     pid = os.fork()
     if pid == 0:  # the daemon
         os.close(r)
-        os._exit(_daemon_child(dir_path, store, recover, w, log_fd, session_kind, auto))
+        os._exit(_daemon_child(dir_path, store, recover, w, log_fd, session_kind, auto,
+                               label))
     os.close(w)
     os.close(log_fd)
     with os.fdopen(r, "rb") as pipe:
@@ -140,7 +142,8 @@ def _checked_workspace(dir_path, store, recover: bool) -> bytes:
     return check_workspace(dir_path, store)
 
 
-def _daemon_child(dir_path, store, recover, w, log_fd, session_kind=None, auto=None) -> int:
+def _daemon_child(dir_path, store, recover, w, log_fd, session_kind=None, auto=None,
+                  label="") -> int:
     from rewindfs.overlay import daemon     # here: the other commands do without trio
     try:
         os.setsid()
@@ -158,7 +161,7 @@ def _daemon_child(dir_path, store, recover, w, log_fd, session_kind=None, auto=N
             os.close(w)
 
         return daemon.serve_mount(dir_path, store, recover=recover, ready=ready,
-                                  session_kind=session_kind, auto=auto)
+                                  session_kind=session_kind, auto=auto, label=label)
     except BaseException as exc:  # report to the waiting parent, never unwind into it
         logging.getLogger(__name__).exception("daemon failed")
         try:
@@ -403,7 +406,7 @@ def cmd_run(args, out) -> int:
         return _not_started(out, cmd, cwd, *problem)
     child = None
     try:
-        child = spawn_daemon(ws_dir, store)
+        child = spawn_daemon(ws_dir, store, label=_run_label(cmd))
     except AlreadyMounted:
         out.say("already mounted; running inside the existing mount")
     try:
@@ -456,6 +459,13 @@ def _run_in_foreground(cmd: list[str], cwd: str, out) -> int:
         for sig, handler in old.items():
             signal.signal(sig, handler)
     return 128 - status if status < 0 else status
+
+
+def _run_label(cmd: list[str]) -> str:
+    """The label of the epoch a run starts: ``run: make test`` (as a shell would
+    read it, its first line, at most 200 characters), so ``log`` names each run."""
+    line = shlex.join(cmd).split("\n", 1)[0]
+    return f"run: {line[:197]}..." if len(line) > 200 else f"run: {line}"
 
 
 def _run_dir(ws_dir: str) -> str:

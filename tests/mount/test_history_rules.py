@@ -212,7 +212,7 @@ def test_each_run_is_a_point_of_its_own(tmp_path):
     """Two ``rewindfs run`` commands, no turns: the second one's changes landed in the
     first one's idle epoch, so the tree between the two was no point — undoing the
     second run undid the first too.  Each mount now starts at a point when the open
-    idle epoch recorded anything; a mount that changed nothing adds no epoch."""
+    idle epoch recorded anything, and a run's epoch is labelled with its command."""
     ws, store = tmp_path / "ws", tmp_path / "store"
     ws.mkdir()
     (ws / "a").write_text("orig\n")
@@ -221,6 +221,12 @@ def test_each_run_is_a_point_of_its_own(tmp_path):
         assert res.returncode == 0, res.stderr
     epochs = _log(ws, store)
     assert [e["paths"] for e in epochs] == [2, 1, 0], epochs
+    # each named by its command in `rewindfs log`, so a person finds the one to undo
+    assert [e["label"] for e in epochs] == [
+        "run: sh -c 'echo first > a; echo new > b'", "run: sh -c 'echo second > a'",
+        "run: sh -c true"], epochs
+    res = cli("log", "--tree", "-C", ws, store=store)
+    assert 'idle "run: sh -c \'echo second > a\'"' in res.stdout, res.stdout
     second_run = epochs[1]["epoch"]
     res = cli("rewind", f"e{second_run}", "-C", ws, store=store)
     assert res.returncode == 0, res.stderr

@@ -36,6 +36,26 @@ def test_turn_lifecycle(store, ws):
     assert store.session_points(ws, "s1") == [(1, t1.id), (2, t2.id)]
 
 
+def test_a_mount_starts_at_a_point(store, ws):
+    """``begin_mount``: a new idle epoch when the open idle one recorded anything or a
+    run labels its epoch; an empty idle epoch or an open turn stays as it is."""
+    first = store.begin_mount(ws)
+    assert (first.kind, first.label) == ("idle", "")
+    assert store.begin_mount(ws) == first                       # nothing recorded
+    store.record(ws, first.id, [(b"a", PreImage.ABSENT)])
+    second = store.begin_mount(ws)
+    assert second.id > first.id and store.epoch(first.id).ended_ns is not None
+    run = store.begin_mount(ws, "run: make")                     # a run: its own epoch
+    assert (run.id > second.id, run.kind, run.label) == (True, "idle", "run: make")
+    turn = store.begin_turn(ws, "s1", 1, "x")
+    assert store.begin_mount(ws, "run: make") == turn             # a harness ends it
+
+
+def test_a_runs_first_mount_labels_the_workspaces_first_epoch(store, ws):
+    assert [(e.kind, e.label) for e in [store.begin_mount(ws, "run: ls")]] == [("idle", "run: ls")]
+    assert len(store.epochs(ws)) == 1
+
+
 def test_epoch_ids_increase_across_workspaces(store, tmp_path):
     a = store.workspace(os.fsencode(tmp_path / "a"))
     b = store.workspace(os.fsencode(tmp_path / "b"))
