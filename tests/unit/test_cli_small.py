@@ -212,6 +212,18 @@ def test_log_fits_80_columns_with_every_column(ws):
     assert not any("refactor" in line for line in lines if line not in row)
 
 
+def test_log_in_a_narrow_terminal_keeps_the_epoch_ids_whole(ws):
+    """30 columns cannot hold every column: the lines are cut at the right edge, so
+    the epoch ids a person types next stay readable (the table used to squeeze every
+    column into "e…", "ki…")."""
+    res = run(ws, "log", env={"COLUMNS": "30"})
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.splitlines()
+    assert all(len(line) <= 30 for line in lines), "\n".join(lines)
+    assert lines[0].startswith("epoch ┃ kind ┃"), lines
+    assert [line.split()[0] for line in lines[2:]] == ["e1", "e2", "e3", "e4"], lines
+
+
 def test_turn_without_begin_or_end_names_them(tmp_path):
     """``rewindfs turn`` said "name a command (rewindfs --help lists them)": the
     top-level help, which does not list begin and end."""
