@@ -172,6 +172,7 @@ class RewindOperations(pyfuse3.Operations):
         self.store = store
         self.ws = ws
         self.root_fd = root_fd
+        self.home_dev = os.fstat(root_fd).st_dev     # whose inode numbers stat shows
         self.enable_writeback_cache = writeback
         self.timeout = timeout
         self.table = InodeTable(root_fd)
@@ -465,7 +466,7 @@ class RewindOperations(pyfuse3.Operations):
     def _attr(self, node, st) -> pyfuse3.EntryAttributes:
         node.st = st
         if self.stat_attrs:     # the kernel session packs the reply from the stat itself
-            return StatAttr(node.ino, st, self.timeout)
+            return StatAttr(node.ino, st, self.timeout, self.home_dev)
         e = pyfuse3.EntryAttributes()
         e.st_ino = node.ino
         e.generation = 0

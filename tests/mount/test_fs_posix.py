@@ -212,3 +212,38 @@ def test_root_directory_metadata(m):
     finally:
         os.removexattr(m.ws, "user.root")
         os.chmod(m.ws, before)
+
+
+def _evict_inodes() -> None:
+    """What memory pressure does: the kernel drops unused dentries and inodes (it then
+    FORGETs them, and a later stat looks the name up again)."""
+    os.sync()
+    with open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write("2\n")
+
+
+def test_an_inode_number_stays_while_the_file_exists(tmp_path):
+    """A file's serial number changed when the kernel evicted its inode: a stat gave 2,
+    the next (after a FORGET and a new LOOKUP) 3 — what pjdfstest's rename/10.t saw
+    under load ("expect <inode> lstat …" failed), and what makes git re-read its index
+    entries and an editor say the file was replaced.  The kernel session shows the real
+    file's number (the bare directory's, so also across remounts); a file on another
+    device inside the workspace keeps a number of ours, which no real one can equal."""
+    ws, store = tmp_path / "ws", tmp_path / "store"
+    (ws / "sub").mkdir(parents=True)
+    (ws / "f").write_text("x")
+    os.link(ws / "f", ws / "sub" / "link")
+    bare = {n: os.lstat(ws / n).st_ino for n in ("f", "sub", "sub/link")}
+    with mounted(ws, store, extra=("--session", "kernel")) as m:
+        seen = {n: os.lstat(m.ws / n).st_ino for n in bare}
+        assert seen == bare, (seen, bare)
+        assert [e.inode() for e in os.scandir(m.ws) if e.name == "f"] == [bare["f"]]
+        (m.ws / "new").write_text("y")
+        made = os.lstat(m.ws / "new").st_ino
+        _evict_inodes()
+        assert {n: os.lstat(m.ws / n).st_ino for n in bare} == bare
+        assert os.lstat(m.ws / "new").st_ino == made
+        os.rename(m.ws / "new", m.ws / "sub" / "moved")
+        _evict_inodes()
+        assert os.lstat(m.ws / "sub" / "moved").st_ino == made
+

@@ -124,3 +124,21 @@ def test_the_spin_stops_while_most_waits_are_long_and_comes_back_when_most_are_s
     spin.spun(True)
     assert (spin.caught, spin.missed) == (1, 4)
     assert SpinBudget(0).ns == 0                # one CPU or REWINDFS_SPIN_US=0
+
+
+def test_an_entry_names_our_node_and_shows_the_real_files_number(tmp_path):
+    """``fuse_entry_out``: the node id is ours (the kernel's handle), the ``fuse_attr``
+    number the one ``stat`` shows — the real file's on the workspace's device, our node
+    id with the top bit set on any other (which no real number of that device equals:
+    two files sharing one would look like hard links)."""
+    from rewindfs.overlay.fs.attrs import StatAttr
+    from rewindfs.overlay.fs.kernel.dispatch import pack_attr, pack_entry
+
+    (tmp_path / "f").write_text("x")
+    st = os.lstat(tmp_path / "f")
+    home = StatAttr(7, st, 1.0, st.st_dev)
+    fields = wire.ENTRY_OUT.unpack(pack_entry(home))
+    assert (fields[0], fields[6]) == (7, st.st_ino)          # nodeid, attr.ino
+    assert wire.ATTR_OUT.unpack(pack_attr(home))[3] == st.st_ino
+    away = StatAttr(7, st, 1.0, st.st_dev + 1)
+    assert wire.ENTRY_OUT.unpack(pack_entry(away))[6] == 7 | 1 << 63

@@ -147,9 +147,9 @@ def _timeout(t: float) -> tuple[int, int]:
 def pack_entry(e) -> bytes:
     """``fuse_entry_out`` of an ``EntryAttributes`` or ``StatAttr`` (``st_ino`` 0: a
     cached miss)."""
-    if type(e) is StatAttr:
+    if type(e) is StatAttr:     # node id ours, the number stat shows the real one
         ts, tn = _timeout(e.entry_timeout)
-        return wire.ENTRY_OUT.pack(e.st_ino, 0, ts, ts, tn, tn, *_stat_fields(e.st_ino, e.st))
+        return wire.ENTRY_OUT.pack(e.st_ino, 0, ts, ts, tn, tn, *_stat_fields(e.shown_ino, e.st))
     es, en = _split_timeout(e.entry_timeout)
     as_, an = _split_timeout(e.attr_timeout)
     return wire.ENTRY_OUT.pack(e.st_ino, e.generation, es, as_, en, an, *_attr_fields(e))
@@ -158,7 +158,7 @@ def pack_entry(e) -> bytes:
 def pack_attr(e) -> bytes:
     if type(e) is StatAttr:
         ts, tn = _timeout(e.attr_timeout)
-        return wire.ATTR_OUT.pack(ts, tn, 0, *_stat_fields(e.st_ino, e.st))
+        return wire.ATTR_OUT.pack(ts, tn, 0, *_stat_fields(e.shown_ino, e.st))
     as_, an = _split_timeout(e.attr_timeout)
     return wire.ATTR_OUT.pack(as_, an, 0, *_attr_fields(e))
 
@@ -181,7 +181,9 @@ class DirBuffer:
         if reclen > self.room:
             return False
         self.room -= reclen
-        dirent = wire.DIRENT.pack(attr.st_ino, next_id, len(name), (attr.st_mode >> 12) & 0o17)
+        # d_ino: the number stat shows (``find``/``ls`` may take it from here)
+        shown = attr.shown_ino if type(attr) is StatAttr else attr.st_ino
+        dirent = wire.DIRENT.pack(shown, next_id, len(name), (attr.st_mode >> 12) & 0o17)
         pad = b"\0" * (reclen - head - len(name))
         if self.plus:
             self.parts.append(pack_entry(attr) + dirent + name + pad)
