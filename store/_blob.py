@@ -46,7 +46,6 @@ and a gc of the same key can never interleave into a dangling entry.
 
 from __future__ import annotations
 
-import errno
 import itertools
 import logging
 import os
@@ -60,7 +59,7 @@ import zstandard
 from . import _schema as S
 from . import _txn
 from ._copy import CHUNK, copy_hashed, hash_fd
-from ._errors import BlobCollision, BlobCorrupt, BlobMissing, StoreError
+from ._errors import FULL_ERRNOS, BlobCollision, BlobCorrupt, BlobMissing, StoreError
 
 log = logging.getLogger(__name__)
 
@@ -137,7 +136,7 @@ class BlobArea:
             except OSError as exc:
                 if tmp_path is not None:
                     _unlink_quiet(tmp_path)
-                if exc.errno not in (errno.ENOSPC, errno.EDQUOT) or tmp_fd is None:
+                if exc.errno not in FULL_ERRNOS or tmp_fd is None:
                     raise
                 os.close(tmp_fd)   # an open unlinked temp file still holds the space
                 tmp_fd = None
@@ -188,7 +187,7 @@ class BlobArea:
             try:
                 tmp_path, key, size = self._spool_copy(fd)
             except OSError as exc:
-                if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                if exc.errno not in FULL_ERRNOS:
                     raise
                 known = self._known_despite_full(fd)
                 if known is None:

@@ -74,6 +74,11 @@ class StoreError(RewindfsError):
     traceback = True
 
 
+# The errnos of a full disk (or quota): what ``StoreFull`` stands for wherever the
+# store meets one (a transaction, a blob's temp file, a remote transfer's download).
+FULL_ERRNOS = frozenset({_errno.ENOSPC, _errno.EDQUOT})
+
+
 class StoreFull(StoreError):
     """The store has no room left ({message}); free space or run `rewindfs gc`."""
 

@@ -23,11 +23,8 @@ import weakref
 
 import lmdb
 
-from ._errors import RewindfsError, StoreError, StoreFull, StoreReadOnly
+from ._errors import FULL_ERRNOS, RewindfsError, StoreError, StoreFull, StoreReadOnly
 from ._schema import store_of
-
-_FULL_ERRNOS = {errno.ENOSPC, errno.EDQUOT}
-
 
 @contextlib.contextmanager
 def translate():
@@ -61,13 +58,13 @@ def _store_error(exc: BaseException, env: lmdb.Environment | None) -> RewindfsEr
     if isinstance(exc, lmdb.Error):
         # py-lmdb reports a failed write(2) as a plain Error carrying strerror
         text = str(exc)
-        if any(os.strerror(e) in text for e in _FULL_ERRNOS):
+        if any(os.strerror(e) in text for e in FULL_ERRNOS):
             return StoreFull(f"index: {exc}")
         if env is not None and os.strerror(errno.EIO) in text and _nearly_full(env.path()):
             return StoreFull(f"index: {exc} (the disk is full)")
         return StoreError(f"index: {exc}")
     if isinstance(exc, OSError):
-        if exc.errno in _FULL_ERRNOS:
+        if exc.errno in FULL_ERRNOS:
             return StoreFull(exc.strerror or "no space")
         if exc.errno == errno.EROFS:
             return StoreReadOnly(path=exc.filename or "?", reason=exc.strerror)

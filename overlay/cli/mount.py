@@ -378,10 +378,10 @@ def _step_out_of(real: str) -> None:
     unmount .``): the unmount would detach the mount under our own feet, and every
     path after it would fail with "Transport endpoint is not connected"."""
     try:
-        here = os.getcwd()
+        here = os.getcwdb()
     except OSError:
         return
-    if here == real or here.startswith(real.rstrip("/") + "/"):
+    if is_inside(here, os.fsencode(real)):
         os.chdir("/")
 
 

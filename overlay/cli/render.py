@@ -125,23 +125,21 @@ def render_log(out, points: list[dict], *, mounted: bool) -> None:
                       str(p["turn"]) if p.get("turn") is not None else "",
                       escape(label, markup=False), when(p.get("started_ns")),
                       str(p.get("paths", 0)), human_bytes(p.get("bytes", 0))], style))
-    limits = _log_widths([r for r, _ in rows], out.console.width)
+    widths = _log_widths([r for r, _ in rows], out.console.width)
     # soft_wrap: the lines are laid out to fit already, and rich's wrapping of 10,000
     # of them took a second
-    out.console.print(_log_table(rows, limits, out.console.width), soft_wrap=True)
+    out.console.print(_log_table(rows, widths, out.console.width), soft_wrap=True)
     if not points:
         out.say("no history yet")
 
 
-def _log_table(rows: list[tuple[list[str], str]], limits: dict[str, int], total: int):
+def _log_table(rows: list[tuple[list[str], str]], widths: list[int], total: int):
     """The log's table as one styled ``Text``: rich's ``Table`` measured and rendered
     every cell as a renderable, 0.7 ms a row — 7 s for a 10,000-epoch history — where
     this lays the same lines out directly (the same frame: ``┃`` header, ``╇`` rule,
     ``│`` rows; long cells cut with ``…``; wide characters counted by their cells;
     a line wider than *total* cells, in a terminal too narrow for every column, cut)."""
     from rich.text import Text
-    widths = [min(max([_cells(col)] + [_cells(r[i]) for r, _ in rows]),
-                  limits.get(col, 1 << 30)) for i, col in enumerate(_LOG_COLUMNS)]
     right = [col in _RIGHT for col in _LOG_COLUMNS]
 
     def line(cells, sep):
@@ -175,23 +173,23 @@ def _fit(cell: str, width: int, right: bool) -> str:
     return pad + cell if right else cell + pad
 
 
-def _log_widths(rows: list[list[str]], total: int) -> dict[str, int]:
-    """Widths for the two columns that give way (session, label) so the table fits
-    *total* cells: what the other columns need is theirs, a third of the rest goes to
-    the session (at least its header), the label takes what is left.  A terminal too
-    narrow even for that leaves the cutting to rich."""
-    from rich.cells import cell_len
-    need = [max([cell_len(col)] + [cell_len(r[i]) for r in rows])
+def _log_widths(rows: list[list[str]], total: int) -> list[int]:
+    """Each column's width, measured once: what its widest cell needs, except the two
+    columns that give way (session, label) so the table fits *total* cells — what the
+    other columns need is theirs, a third of the rest goes to the session (at least its
+    header), the label takes what is left.  A terminal too narrow even for that gets
+    lines cut at its edge (``_log_table``)."""
+    need = [max([_cells(col)] + [_cells(r[i]) for r in rows])
             for i, col in enumerate(_LOG_COLUMNS)]
     # each column: a space either side, inner ones also a rule (no outer edge or pad)
     frame = 3 * len(_LOG_COLUMNS) - 3
     fixed = sum(w for col, w in zip(_LOG_COLUMNS, need) if col not in ("session", "label"))
     room = total - frame - fixed
     session_need, label_need = need[2], need[4]
-    if session_need + label_need <= room:
-        return {}
-    session = min(session_need, max(len("session"), room // 3))
-    return {"session": session, "label": max(len("label"), room - session)}
+    if session_need + label_need > room:
+        session = min(session_need, max(len("session"), room // 3))
+        need[2], need[4] = session, min(label_need, max(len("label"), room - session))
+    return need
 
 
 # -- rewind / redo -------------------------------------------------------------------------

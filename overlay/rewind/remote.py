@@ -36,7 +36,7 @@ from rewindfs.store.remote import (RemoteConfig, fetch_blobs, push_workspace, re
 
 from rewindfs.overlay.capture import snapshot, subtree
 from rewindfs.overlay.errors import RefusedWorkspace, RemoteUnnamed
-from rewindfs.overlay.places import check_place, enclosing_rewindfs_mount
+from rewindfs.overlay.places import check_place, find_rewindfs_mount
 from rewindfs.overlay.rewind.engine import apply_plan, plan_rewind
 from rewindfs.overlay.rewind.land import set_meta_fd
 from rewindfs.overlay.tree.ignore import IgnoreRules
@@ -234,8 +234,7 @@ def _check_place(dest, store_path) -> None:
     workspace: the restore's temp names go through that mount, which keeps them for
     itself (every file failed with EPERM), and a second history would grow inside it."""
     real = os.path.realpath(os.fsencode(dest))
-    mnt = enclosing_rewindfs_mount(real)
-    if mnt is not None and mnt.point == real:
+    if find_rewindfs_mount(real):       # check_place leaves this one to its caller
         raise RestoreTargetInUse(path=os.fsdecode(dest),
                                  reason=f"{os.fsdecode(real)} is a mounted workspace")
     try:

@@ -22,8 +22,8 @@
  *   by line (the stock row shows only its first line).
  * - `conversation.session.header.actions`: "undo the rewind that landed here"
  *   (only while a `/redo` in this session would do something) and, beside it, what
- *   else that rewind undid or could not restore (its reply stays in the parent), "rewind status"
- *   (runs `/rewind status`; the answer lands in the transcript), and, once a turn of
+ *   else that rewind undid or could not restore (its reply stays in the parent);
+ *   "rewind status" (runs `/rewind status`; the answer lands in the transcript); and, once a turn of
  *   the session ran unprotected (no daemon serves the workspace, or it did not
  *   answer), a notice naming those turns and why — the plugin's stderr notice never
  *   reaches the browser.
@@ -31,8 +31,9 @@
  * It reads the host only through the plugin's read-only routes (lib/web.js):
  * `/rewindfs/api/points` for the tooltips, `/rewindfs/api/redo-state` for the header
  * control and `/rewindfs/api/protection` for the notice.  Everything that changes
- * state is a slash command, so the transcript records it.  The pure logic is in `logic` below and exported for the
- * unit tests (test/web-client.test.js loads this file with a stub loader).
+ * state is a slash command, so the transcript records it.  The pure logic is in
+ * `logic` below and exported for the unit tests (test/web-client.test.js loads this
+ * file with a stub loader).
  */
 /* global window, fetch */
 window.__ModuleLoader__.load({

@@ -23,7 +23,6 @@ handle one error, and a push interrupted by it resumes on the next run.
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
 import re
@@ -31,8 +30,8 @@ import secrets
 import urllib.parse
 from dataclasses import dataclass
 
-from .._errors import (BadRemoteUrl, RemoteNoCredentials, RemoteObjectMissing,
-                       RemoteUnreachable, StoreFull)
+from .._errors import (FULL_ERRNOS, BadRemoteUrl, RemoteNoCredentials,
+                       RemoteObjectMissing, RemoteUnreachable, StoreFull)
 
 log = logging.getLogger(__name__)
 
@@ -315,7 +314,7 @@ def _local_exhaustion(exc: BaseException) -> OSError | None:
     seen = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
-        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        if isinstance(exc, OSError) and exc.errno in FULL_ERRNOS:
             return exc
         exc = exc.__cause__ or exc.__context__
     return None

@@ -101,8 +101,7 @@ export function renderForeign(foreign, undo) {
   if (foreign.length === 0) return [];
   const bySource = new Map();
   for (const f of foreign) {
-    const source = f.kind === 'idle' ? 'edits between turns'
-      : f.kind === 'turn' ? `turn ${f.turn ?? '?'} of session ${f.session ?? '?'}` : `a ${f.kind}`;
+    const source = sourceWords(f);
     bySource.set(source, [...(bySource.get(source) ?? []), f.path]);
   }
   const lines = [...bySource].map(([source, paths]) => `rewindfs: it also undid ${source}: ${someOf(paths, 10)}`);
@@ -126,6 +125,17 @@ export function landedNotice(v) {
   if (parts.length === 0) return undefined;
   const full = [...renderForeign(foreign, '↻ undo rewind'), ...renderStopped(stopped), ...renderFailures(v)];
   return { short: `⚠ ${parts.join('; ')}`, full: full.join('\n') };
+}
+
+/**
+ * An epoch that changed the tree, as a person says it: "edits between turns", "turn 3
+ * of session s2", "a rewind", "a redo".
+ * @param {{kind: string, turn?: number|null, session?: string|null}} e
+ */
+function sourceWords(e) {
+  if (e.kind === 'idle') return 'edits between turns';
+  if (e.kind === 'turn') return `turn ${e.turn ?? '?'} of session ${e.session ?? '?'}`;
+  return `a ${e.kind}`;
 }
 
 /** "a, b and 3 more": the first `max` of `items`. */
@@ -239,8 +249,7 @@ export function renderStale(data) {
     lines.push(`rewindfs: since the rewind${data.rewind === undefined ? '' : ` (e${data.rewind})`}, turn ${t.turn ?? '?'} ran in session ${t.session ?? '?'}${t.label ? `: ${t.label}` : ''} (${plural(t.paths ?? 0, 'path')} changed)`);
   }
   for (const o of others) {
-    const what = o.kind === 'idle' ? 'edits between turns' : o.kind === 'rewind' ? 'a rewind' : o.kind === 'redo' ? 'a redo' : o.kind;
-    lines.push(`rewindfs: since the rewind: ${what} (e${o.epoch}, ${plural(o.paths ?? 0, 'path')} changed)`);
+    lines.push(`rewindfs: since the rewind: ${sourceWords(o)} (e${o.epoch}, ${plural(o.paths ?? 0, 'path')} changed)`);
   }
   const overwrite = data.paths === undefined ? '' : `; a redo would overwrite ${plural(data.paths, 'path')}`;
   lines.push(`rewindfs: those changes stay${overwrite} — rewind to a point instead (see /rewind)`);

@@ -51,8 +51,7 @@ export class RewindfsService {
     this.queues = new Map();     // session id -> tail promise
     this.sessions = new Map();   // session id -> {begun: Map<turn, state>, ended, open, warned, unprotected}
     this.outside = new Set();    // tool writes outside the workspace (not protected)
-    this.stoppedFor = new Map(); // child session -> {turn, stopped}: what its rewind stopped
-    this.landedIn = new Map();   // child session -> {rewind, notice}: what its header says
+    this.landedIn = new Map();   // child session -> {rewind, turn, stopped, notice}: its rewind
     this.pushRefused = new Set(); // push refusal codes already told (once each)
   }
 
@@ -302,8 +301,7 @@ export class RewindfsService {
         await this.attachToParentWorkspace(agent.id, childId);
       }
       this.markRewound(agent.session);
-      this.noteStopped(childId, turn, work.value.stopped);
-      this.noteLanded(childId, { ...result, stopped: work.value.stopped });
+      this.noteLanded(childId, { ...result, turn, stopped: work.value.stopped });
       return ok({ ...result, turn, target: result.target ?? epoch, parent: agent.id, child: childId, seedLength: cut.cut, forked: !forked, stopped: work.value.stopped, ...(learned === undefined ? {} : { learned }) });
     } catch (error) {
       if (handle === undefined) return refuseWith(error, `${error.message} (the files were not rewound)`);
@@ -350,21 +348,15 @@ export class RewindfsService {
     return refuse('job-unstoppable', `${problems.join('; ')}; the files were not rewound${already}`);
   }
 
-  /** Remember what the rewind into `child` stopped: `/redo` there says it is not restarted. */
   /**
-   * Keep what the header of `child` says about the rewind that landed there (its
-   * reply stays in the parent's transcript, which the web UI's control leaves).
+   * Remember the rewind that landed in `child`: what it stopped (`/redo` there says it
+   * is not restarted) and the notice its header shows (the reply stays in the parent's
+   * transcript, which the web UI's control leaves).
    * @param {string} child - the session the rewind landed in.
-   * @param {{epoch: number, foreign?: object[], failed?: object[], stopped?: object[]}} result
+   * @param {{epoch: number, turn: number, foreign?: object[], failed?: object[], stopped?: object[]}} result
    */
   noteLanded(child, result) {
-    const notice = landedNotice(result);
-    if (notice === undefined) this.landedIn.delete(child);
-    else this.landedIn.set(child, { rewind: result.epoch, notice });
-  }
-
-  noteStopped(child, turn, stopped) {
-    if (stopped.length > 0) this.stoppedFor.set(child, { turn, stopped });
+    this.landedIn.set(child, { rewind: result.epoch, turn: result.turn, stopped: result.stopped ?? [], notice: landedNotice(result) });
   }
 
   /**
@@ -440,7 +432,9 @@ export class RewindfsService {
     try {
       const { result } = await this.enqueue(agent.id, () => this.rpc(this.cwdOf(agent), 'redo', { session: agent.id }));
       this.unmarkParent(agent.session);
-      return ok({ ...result, session: agent.id, ...(this.stoppedFor.has(agent.id) ? { notRestarted: this.stoppedFor.get(agent.id) } : {}) });
+      const landed = this.landedIn.get(agent.id);
+      const notRestarted = landed?.stopped.length > 0 ? { turn: landed.turn, stopped: landed.stopped } : undefined;
+      return ok({ ...result, session: agent.id, ...(notRestarted === undefined ? {} : { notRestarted }) });
     } catch (error) {
       if (codeOf(error) === 'nothing-to-redo') {
         const child = await this.rewoundInto(agent.id);
@@ -467,7 +461,7 @@ export class RewindfsService {
       // the notice of the rewind on top of the redo stack only: once undone (or
       // buried under a newer rewind) what it undid is no longer the news
       const landed = this.landedIn.get(id);
-      const notice = canRedo && landed !== undefined && landed.rewind === result.rewind ? landed.notice : undefined;
+      const notice = canRedo && landed?.rewind === result.rewind ? landed.notice : undefined;
       return ok({ session: id, canRedo, ...(result.rewind == null ? {} : { rewind: result.rewind }), ...(result.reason == null ? {} : { reason: result.reason }), ...(notice === undefined ? {} : { landed: notice }) });
     } catch (error) {
       return ok({ session: id, canRedo: false, reason: `${codeOf(error)}: ${error.message}` });
