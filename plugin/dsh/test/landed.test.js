@@ -58,3 +58,16 @@ test('redoState carries the notice of the rewind that landed there, while it can
     assert.equal((await service.redoState('child')).value.landed, undefined);
   });
 });
+
+test('a /redo where a rewind landed says which stopped jobs it does not restart', async () => {
+  const job = { turn: 2, command: 'sleep 4', job: 'bash-1' };
+  await scripted(async () => ({ epoch: 11, written: 1, created: 0, deleted: 0 }), async (path) => {
+    const service = new RewindfsService({ get: () => undefined }, { ...DEFAULTS, socket: path }, { warn: () => {} });
+    const agent = { id: 'child', session: { header: {} } };
+    service.noteLanded('child', { epoch: 9, turn: 2, foreign: [], failed: [], stopped: [job] });
+    const redo = await service.redo(agent);
+    assert.deepEqual(redo.value.notRestarted, { turn: 2, stopped: [job] });
+    service.noteLanded('child', { epoch: 12, turn: 3, foreign: [], failed: [], stopped: [] });
+    assert.equal((await service.redo(agent)).value.notRestarted, undefined);
+  });
+});
