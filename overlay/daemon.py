@@ -30,7 +30,7 @@ import sys
 import trio
 
 from rewindfs.store import Store
-from rewindfs.store._errors import RewindfsError
+from rewindfs.store._errors import RewindfsError, StoreFull
 
 from rewindfs.overlay import errors
 from rewindfs.overlay.control import server
@@ -308,6 +308,18 @@ def _recover_intent(root_fd: int, store, ws: int) -> None:
     engine.recover(root_fd, store, ws)
 
 
+def _begin_mount(store, ws: int, label: str) -> None:
+    """The tree as mounted is a point (docs/history.md) — unless the store's disk is
+    full: then the mount serves in the epoch it found, as before mounts began at a
+    point, and every change fails closed with ENOSPC until space is freed (refusing
+    the mount would leave the person to work in the bare directory, unprotected)."""
+    try:
+        store.begin_mount(ws, label)
+    except StoreFull as exc:
+        log.warning("the store is full (%s): serving in the open epoch, every change "
+                    "fails with ENOSPC until space is freed", exc)
+
+
 def serve_mount(dir_path, store_path=None, *, recover: bool = False, ready=None,
                 writeback: bool = False, session_kind: str | None = None,
                 auto: str | None = None, label: str = "") -> int:
@@ -376,7 +388,7 @@ def _serve(store, ws, root_fd, real, store_path, ready, writeback, session_kind,
            auto=None, label="") -> int:
     writeback = writeback or writeback_default()
     _recover_intent(root_fd, store, ws)
-    store.begin_mount(ws, label)    # the tree as mounted is a point (docs/history.md)
+    _begin_mount(store, ws, label)
     _preload(real, auto)
     sock_path = control_socket_path(store_path, real)
     listener = server.bind_socket(sock_path, real)

@@ -230,3 +230,35 @@ def test_store_full_at_a_mark_a_held_open_writer_is_never_restored_wrong(tmp_pat
         os.close(ws_fd)
         daemon.close()
         ensure_unmounted(ws)
+
+
+def test_a_mount_over_a_full_store_serves_and_fails_writes_closed(tmp_path):
+    """The store's disk is full when the workspace is mounted again (its idle epoch
+    recorded something, so the mount would open a new one: a write to the index).
+    The mount serves, as it did before mounts started at a point: writes fail with
+    ENOSPC and change nothing, and once space is freed they are captured."""
+    from mountkit import mounted
+
+    with small_tmpfs(tmp_path / "small", "3m") as disk:
+        # the store is the tmpfs itself: mountkit's daemon log (beside the store) and
+        # the daemon's own stdout stay on a disk with room
+        ws, store = tmp_path / "ws", disk
+        ws.mkdir()
+        with mounted(ws, store):
+            (ws / "a").write_text("one\n")
+        filler = disk / "filler"
+        with open(filler, "wb") as f:
+            try:
+                while True:
+                    f.write(b"\0" * 65536)
+            except OSError as exc:
+                assert exc.errno == errno.ENOSPC
+        with mounted(ws, store) as m:
+            assert (m.ws / "a").read_text() == "one\n"
+            with pytest.raises(OSError) as info:      # a new name needs a record
+                (m.ws / "b").write_text("two\n")
+            assert info.value.errno == errno.ENOSPC
+            assert not (m.ws / "b").exists()
+            filler.unlink()
+            (m.ws / "b").write_text("two\n")
+            assert (m.ws / "b").read_text() == "two\n"
