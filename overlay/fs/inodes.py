@@ -57,6 +57,12 @@ class Inode:
         self.used = 0                   # the request that last borrowed dir_fd
         self.nocaps = False             # known to have no security.capability xattr
 
+    def names(self, st: os.stat_result) -> bool:
+        """*st* is this inode: the same ``(dev, ino)`` and still a directory or still
+        not one.  A number freed behind our back (a rewind's landing) may come back for
+        a new entry of another kind before the old name was processed."""
+        return (st.st_dev, st.st_ino) == self.key and stat.S_ISDIR(st.st_mode) == self.is_dir
+
     @property
     def path(self) -> bytes | None:
         return next(iter(self.paths), None)
@@ -94,6 +100,9 @@ class InodeTable:
         """The inode for real entry *st* now at *path* (created if new); lookup count unchanged."""
         key = (st.st_dev, st.st_ino)
         node = self.by_key.get(key)
+        if node is not None and not node.names(st):
+            self.detach(node)           # the number came back for an entry of another kind
+            node = None
         if node is None:
             node = Inode(self._next, key, stat.S_ISDIR(st.st_mode))
             self._next += 1

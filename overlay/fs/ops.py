@@ -442,9 +442,11 @@ class RewindOperations(pyfuse3.Operations):
         return _At(self.table, self.root_fd, path)
 
     def _lstat_or_none(self, path: bytes) -> os.stat_result | None:
+        """The entry at *path*, or None where there is none — also below a symlink
+        (``PathEscape``): the name resolves outside the tree, not to an entry of ours."""
         try:
             return self._lstat(path)
-        except OSError:
+        except (OSError, RewindfsError):
             return None
 
     def _lstat(self, path: bytes) -> os.stat_result:
@@ -1201,7 +1203,9 @@ class RewindOperations(pyfuse3.Operations):
 
     def invalidate_many(self, relpaths) -> None:
         """``invalidate`` of each path; a parent's attributes are dropped once per call,
-        not once per child (a rewind landing 1,000 files in a directory)."""
+        not once per child (a rewind landing 1,000 files in a directory).  Each path
+        stands alone: one that cannot be looked at never costs the others theirs (a
+        batch that raised used to be dropped whole, and with it the parent's entry)."""
         parents: dict[int, None] = {}
         relpaths = list(relpaths)
         # The restore engine changed names behind the handlers: walk again when needed.
@@ -1209,43 +1213,48 @@ class RewindOperations(pyfuse3.Operations):
         if IGNORE_FILE in relpaths:     # a rewind put another .rewindignore back
             self.reload_rules()
         for relpath in relpaths:
-            head, name = split(relpath)
-            node = self.table.by_path.get(relpath)
             try:
-                st = self._lstat(relpath)
-            except OSError:
-                st = None
-            if node is not None:
-                if st is None or (st.st_dev, st.st_ino) != node.key:
-                    self.table.unbind(relpath, gone=len(node.paths) <= 1)
-                node.seen = None
-                node.nocaps = False
-                node.kernel_mtime_ns = None     # the real times changed behind the kernel
-                self.notifier.inode(node.ino)
-            twin = self.table.by_key.get(_key_of(st)) if st is not None else None
-            if twin is not None and (twin is not node or len(twin.paths) > 1):
-                # A hard link the kernel knows by other names: its attributes (times,
-                # mode, link count) changed with this one.  Those entries go too: with
-                # the writeback cache the kernel keeps a cached inode's mtime over what
-                # getattr says, and an inode no entry (or open file) holds is dropped.
-                twin.seen = None
-                twin.nocaps = False
-                twin.kernel_mtime_ns = None
-                if twin is not node:
-                    self.notifier.inode(twin.ino)
-                for other in [p for p in twin.paths if p != relpath]:
-                    above, base = split(other)
-                    up = self.table.by_path.get(above)
-                    if up is not None:
-                        self.notifier.entry(up.ino, base)
-            parent = self.table.by_path.get(head)
-            if parent is not None and relpath:
-                self.notifier.entry(parent.ino, name)
-                parents[parent.ino] = None
+                self._invalidate_one(relpath, parents)
+            except Exception:
+                log.exception("cache invalidation of %r failed", relpath)
         for ino in parents:
             # not only the attributes: with NO_OPENDIR the kernel may cache a directory's
             # listing as its "data", and a landing changed the listing behind it
             self.notifier.inode(ino)
+
+    def _invalidate_one(self, relpath: bytes, parents: dict) -> None:
+        head, name = split(relpath)
+        node = self.table.by_path.get(relpath)
+        # Below a directory the landing replaced by a symlink (npm link, a redo), a path
+        # has no entry any more: ``PathEscape``, not an OSError — gone all the same.
+        st = self._lstat_or_none(relpath)
+        if node is not None:
+            if st is None or not node.names(st):
+                self.table.unbind(relpath, gone=len(node.paths) <= 1)
+            node.seen = None
+            node.nocaps = False
+            node.kernel_mtime_ns = None     # the real times changed behind the kernel
+            self.notifier.inode(node.ino)
+        twin = self.table.by_key.get(_key_of(st)) if st is not None else None
+        if twin is not None and (twin is not node or len(twin.paths) > 1):
+            # A hard link the kernel knows by other names: its attributes (times,
+            # mode, link count) changed with this one.  Those entries go too: with
+            # the writeback cache the kernel keeps a cached inode's mtime over what
+            # getattr says, and an inode no entry (or open file) holds is dropped.
+            twin.seen = None
+            twin.nocaps = False
+            twin.kernel_mtime_ns = None
+            if twin is not node:
+                self.notifier.inode(twin.ino)
+            for other in [p for p in twin.paths if p != relpath]:
+                above, base = split(other)
+                up = self.table.by_path.get(above)
+                if up is not None:
+                    self.notifier.entry(up.ino, base)
+        parent = self.table.by_path.get(head)
+        if parent is not None and relpath:
+            self.notifier.entry(parent.ino, name)
+            parents[parent.ino] = None
 
     async def invalidations_settled(self) -> None:
         """Wait (without blocking trio) until queued invalidations reached the kernel."""

@@ -9,12 +9,15 @@ restored tree at once.  Also: processes working in the bare directory are report
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import subprocess
+import threading
 
 import pytest
 
-from mountkit import PYTHON, mounted
+from mountkit import PYTHON, cli, mounted
 
 pytestmark = pytest.mark.mount
 
@@ -65,3 +68,59 @@ def test_status_reports_processes_in_the_bare_directory(tmp_path):
                 inside.communicate(b"")
     finally:
         proc.communicate(b"")
+
+
+def test_a_redo_that_puts_a_symlink_back_over_a_directory_shows_it_while_the_mount_is_busy(
+        tmp_path):
+    """``npm link`` in a turn replaced ``pkg/`` by a symlink; rewind brings the directory
+    back, redo the symlink — while a watcher (a dev server, an editor) keeps asking the
+    mount about other names.  The redo deleted ``pkg/f`` and then put the symlink at
+    ``pkg``; their invalidations reached the daemon's trio thread in one batch, after
+    both landed.  ``pkg/f`` could not be looked at any more (``pkg`` is a symlink now:
+    ``PathEscape``), the batch was dropped whole, and the kernel went on showing ``pkg``
+    as the directory: ``readlink`` failed with EINVAL (found as a CI flake of
+    ``test_rel_lesser.py::test_dir_replaced_by_symlink_is_restored_in_one_rewind``)."""
+    ws, store = tmp_path / "ws", tmp_path / "store"
+    (ws / "pkg").mkdir(parents=True)
+    (ws / "pkg" / "f").write_bytes(b"the package's own file")
+    (ws / "linked").mkdir()
+    with mounted(ws, store) as m:
+        m.call("turn.begin", session="s", turn=1)
+        shutil.rmtree(ws / "pkg")
+        os.symlink(ws / "linked", ws / "pkg")
+        m.call("turn.end", session="s")
+        wrong = []
+        for round_ in range(4):
+            res = cli("rewind", "1", "--session", "s", "-C", ws, store=store)
+            assert res.returncode == 0, res.stdout + res.stderr
+            assert (ws / "pkg").is_dir() and not (ws / "pkg").is_symlink()
+            with _watcher(ws):
+                res = cli("redo", "--session", "s", "-C", ws, store=store)
+            assert res.returncode == 0, res.stdout + res.stderr
+            try:
+                if os.readlink(ws / "pkg") != os.fspath(ws / "linked"):
+                    wrong.append((round_, os.readlink(ws / "pkg")))
+            except OSError as exc:
+                wrong.append((round_, exc))
+        assert wrong == []
+
+
+@contextlib.contextmanager
+def _watcher(ws):
+    """A thread asking the mount about names that are not there (each a request the
+    kernel cannot answer from its cache) until the block ends."""
+    stop = threading.Event()
+
+    def poll():
+        n = 0
+        while not stop.is_set():
+            n += 1
+            os.path.lexists(ws / f"not-there-{n}")
+
+    thread = threading.Thread(target=poll)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()

@@ -958,3 +958,31 @@ async def test_create_truncating_a_hard_linked_name_captures_every_name(t):
     j = t.journal()
     assert t.content(j[b"a"]) == b"shared"
     assert t.content(j[b"b"]) == b"shared"            # b changed too: captured first
+
+
+async def test_a_number_that_comes_back_as_a_directory_is_a_new_inode(t):
+    """A rewind's landing removed a file behind the kernel and made a directory that
+    ext4 gave the file's freed number (it hands a freed number out at once).  The same
+    ``(dev, ino)``, another kind: a new FUSE inode, as for any new entry (fs/inodes.py's
+    contract), not the file's old one still taken for a non-directory (whose children
+    were then walked from the root on every lookup, and whose last rmdir left its key
+    behind for the next reuse)."""
+    os.mkdir(t.p("sub"))
+    for i in range(50):
+        t.write("sub/x", b"a file")
+        before = await t.fs.lookup(await t.ino("sub"), b"x", REQ)
+        number = os.lstat(t.p("sub/x")).st_ino
+        os.unlink(t.p("sub/x"))
+        os.mkdir(t.p("sub/x"))
+        if os.lstat(t.p("sub/x")).st_ino == number:
+            break
+        os.rename(t.p("sub/x"), t.p(f"sub/spare{i}"))
+    else:
+        pytest.fail("the backing filesystem never gave a freed number out again")
+    t.fs.invalidate(b"sub/x")           # as the restore engine does after a landing
+    after = await t.fs.lookup(await t.ino("sub"), b"x", REQ)
+    assert stat.S_ISDIR(after.st_mode)
+    assert after.st_ino != before.st_ino
+    t.write("sub/x/inside", b"child")
+    assert (await t.fs.lookup(after.st_ino, b"inside", REQ)).st_size == 5
+    assert t.fs.table.dir_fd(b"sub/x") is not None
