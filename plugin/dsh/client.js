@@ -322,20 +322,27 @@ window.__ModuleLoader__.load({
       };
     }
 
+    /**
+     * The header control of a session: "↻ undo rewind" where a rewind landed here
+     * (`/redo`), else "↻ back to this session's files" where a rewind took this
+     * session's own files away and no /redo here brings them back (`/rewind own`:
+     * the daemon's redo state says `own`).  Asked again whenever the transcript grows.
+     */
     function makeUndoRewind(sessions) {
       return function UndoRewind({ sessionId, useSession }) {
         const seqs = useSession((s) => s.nodes?.length ?? 0);
-        const [canRedo, setCanRedo] = React.useState(false);
-        const [landed, setLanded] = React.useState(undefined);   // {short, full}: what else it undid
+        const [state, setState] = React.useState({ canRedo: false });
         const [refused, setRefused] = React.useState(undefined);
         const [tick, setTick] = React.useState(0);
+        const back = !state.canRedo && state.own !== undefined;
         const [busy, onClick] = useSingleRun(async () => {
           setRefused(undefined);
           try {
             const session = sessions.binding(sessionId)?.session;
+            const [name, args] = back ? ['rewind', 'own'] : ['redo', ''];
             const outcome = session === undefined
-              ? { kind: 'error', text: refusalText('/redo', 'error', `session ${sessionId} is not open in this page`) }
-              : await runCommand(session, 'redo');
+              ? { kind: 'error', text: refusalText(`/${name}`, 'error', `session ${sessionId} is not open in this page`) }
+              : await runCommand(session, name, args);
             if (outcome.kind !== 'success') setRefused(outcome.text);
           } finally {
             setTick((n) => n + 1);
@@ -344,16 +351,22 @@ window.__ModuleLoader__.load({
         React.useEffect(() => {
           let live = true;
           getJson('/rewindfs/api/redo-state', sessionId).then(
-            (value) => { if (live) { setCanRedo(value.canRedo === true); setLanded(value.landed); } },
-            () => { if (live) { setCanRedo(false); setLanded(undefined); } });
+            (value) => { if (live) setState({ canRedo: value.canRedo === true, landed: value.landed, own: value.own }); },
+            () => { if (live) setState({ canRedo: false }); });
           return () => { live = false; };
         }, [sessionId, seqs, tick]);
-        if (!canRedo && refused === undefined) return null;
+        if (!state.canRedo && !back && refused === undefined) return null;
+        const landed = state.canRedo ? state.landed : undefined;
+        const from = state.own?.from === undefined ? 'another session' : `session ${state.own.from}`;
+        const button = state.canRedo
+          ? h('button', { type: 'button', style: buttonStyle, title: 'undo the rewind that landed here (/redo)', 'aria-label': 'undo the rewind that landed here', disabled: busy, onClick }, '↻ undo rewind')
+          : back
+            ? h('button', { type: 'button', style: buttonStyle, title: `a rewind put ${from}'s files in the workspace: put this session's own back, as its last turn left them (/rewind own; /redo here then undoes it)`, 'aria-label': "back to this session's files", disabled: busy, onClick }, "↻ back to this session's files")
+            : null;
         return h('span', { 'data-rewindfs': 'undo' },
-          canRedo && landed !== undefined
-            ? h('span', { role: 'status', 'data-rewindfs': 'landed', title: landed.full, 'aria-label': landed.full, style: noticeStyle }, landed.short)
-            : null,
-          canRedo ? h('button', { type: 'button', style: buttonStyle, title: 'undo the rewind that landed here (/redo)', 'aria-label': 'undo the rewind that landed here', disabled: busy, onClick }, '↻ undo rewind') : null,
+          landed === undefined ? null
+            : h('span', { role: 'status', 'data-rewindfs': 'landed', title: landed.full, 'aria-label': landed.full, style: noticeStyle }, landed.short),
+          button,
           refused === undefined ? null : h('span', { role: 'status', style: statusStyle }, refused));
       };
     }

@@ -14,7 +14,7 @@
  *   note writes outside the mount (shown by `/rewind status`);
  * - a `ctx.shellEnv` contributor: every model shell carries `DSH_REWINDFS_TURN=<session>:<turn>`,
  *   so `/rewind N` can stop what turns >= N left running (lib/jobs.js);
- * - commands `/rewind`, `/rewind <turn> [--into <session>]`, `/rewind status`, `/redo`;
+ * - commands `/rewind`, `/rewind <turn> [--into <session>]`, `/rewind status`, `/rewind own`, `/redo`;
  * - the service `ctx.rewindfs` (lib/service.js) for other plugins;
  * - where the harness runs its web server (`--profile web`): two read-only routes
  *   for the web UI's client module (lib/web.js; the module itself is client.js,
@@ -24,7 +24,7 @@
  * refuse to open the log); its state lives in the rewindfs store.
  * @module rewindfs-dsh
  */
-import { parseRewind, renderPoints, renderRedo, renderRefusal, renderRewind, renderStatus } from './lib/commands.js';
+import { parseRewind, renderOwn, renderPoints, renderRedo, renderRefusal, renderRewind, renderStatus } from './lib/commands.js';
 import { Config } from './lib/config.js';
 import { refusal } from './lib/errors.js';
 import { labelOf } from './lib/fork.js';
@@ -94,7 +94,7 @@ export function apply(ctx, config) {
     yield ctx.commands.register({
       name: 'rewind',
       description: 'List rewind points, or rewind files and conversation to the start of a turn',
-      input: { hint: '[<turn> [--into <session>] | status]' },
+      input: { hint: '[<turn> [--into <session>] | status | own]' },
       handler: (inv) => rewindCommand(service, inv),
     });
     yield ctx.commands.register({
@@ -115,6 +115,10 @@ async function rewindCommand(service, { agent, rawInput }) {
   if (parsed.op === 'status') {
     const r = await service.status(agent);
     return r.ok ? { kind: 'success', text: renderStatus(r.value) } : { kind: 'error', text: `rewindfs: not protected: ${r.refusal.message}` };
+  }
+  if (parsed.op === 'own') {
+    const r = await service.rewindOwn(agent);
+    return r.ok ? { kind: 'success', text: renderOwn(r.value) } : { kind: 'error', text: renderRefusal(r.refusal, '/rewind own') };
   }
   const r = await service.rewind(agent, parsed.turn, { into: parsed.into });
   return r.ok ? { kind: 'success', text: renderRewind(r.value) } : { kind: 'error', text: renderRefusal(r.refusal, `/rewind ${parsed.turn}`) };

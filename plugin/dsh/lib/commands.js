@@ -4,6 +4,7 @@
  *   /rewind                              list this session's points
  *   /rewind <turn> [--into <session>]    fork the conversation before <turn>, rewind the files
  *   /rewind status                       daemon, workspace, open turn, unprotected writes
+ *   /rewind own                          put this session's own files back (after a rewind took them away)
  *   /redo                                undo the newest rewind that landed in this session
  *
  * No model turn is involved; every reply starts with "rewindfs:" and a refusal
@@ -32,19 +33,19 @@ export function parseTurn(text) {
   return { refusal: refusal('bad-turn', `"${text}" is not a turn number (turns count from 1; see /rewind)`) };
 }
 
-export const USAGE = 'usage: /rewind [<turn> [--into <session>] | status]';
+export const USAGE = 'usage: /rewind [<turn> [--into <session>] | status | own]';
 
 /**
  * Parse `/rewind`'s raw input.
  * @param {string} raw - everything after "/rewind".
- * @returns {{op: 'list'} | {op: 'status'} | {op: 'rewind', turn: number | string, into?: string} | {refusal: {code: string, message: string}}}
+ * @returns {{op: 'list'} | {op: 'status'} | {op: 'own'} | {op: 'rewind', turn: number | string, into?: string} | {refusal: {code: string, message: string}}}
  *   (`turn` is a number, or a point id "e<epoch>" verbatim)
  */
 export function parseRewind(raw) {
   const words = raw.trim().split(/\s+/).filter((w) => w !== '');
   if (words.length === 0) return { op: 'list' };
-  if (words[0] === 'status') {
-    return words.length === 1 ? { op: 'status' } : { refusal: refusal('usage', `"/rewind status" takes no arguments; ${USAGE}`) };
+  if (words[0] === 'status' || words[0] === 'own') {
+    return words.length === 1 ? { op: words[0] } : { refusal: refusal('usage', `"/rewind ${words[0]}" takes no arguments; ${USAGE}`) };
   }
   const parsed = parseTurn(words[0]);
   if (parsed.refusal) return parsed;
@@ -171,6 +172,15 @@ export function renderStopped(stopped) {
 function describeJob(s) {
   const command = shortCommand(String(s.command ?? '').replace(/^(?:\/\S*\/)?bash -c /, ''));
   return `${command} (${s.job ? `job ${s.job}` : `process group ${s.pgid}`})`;
+}
+
+/** The reply to `/rewind own`. */
+export function renderOwn(v) {
+  const lines = [
+    `rewindfs: this session's own files are back (as its turn ${v.turn} left them, point e${v.left}): ${counts(v)}.`,
+    `rewindfs: /redo here undoes this${v.from === undefined ? '' : `, putting session ${v.from}'s files back`}; no conversation changed.`,
+  ];
+  return lines.concat(renderForeign(v.foreign ?? [], '/redo here'), renderFailures(v)).join('\n');
 }
 
 /** The reply to `/redo`. */

@@ -25,7 +25,7 @@ import { callError, codeOf, refusal } from './errors.js';
 import { landedNotice } from './commands.js';
 import { forkCut, turnsOf } from './fork.js';
 import { stopWorkOfTurns, TURN_ENV, turnTag } from './jobs.js';
-import { checkFreshFork, markedTitle, unmarkedTitle } from './lineage.js';
+import { checkFreshFork, filesOwnerUndoneTo, markedTitle, ownFiles, ranOwnTurn, unmarkedTitle } from './lineage.js';
 import { defaultStorePath, findSocket, isInside, realpathLoose } from './paths.js';
 
 // REWINDFS_DSH_DEBUG=1 traces every socket call on stderr (for bug reports).
@@ -431,7 +431,7 @@ export class RewindfsService {
     if (agent.status === 'running') return refuse('busy', 'the agent is running; wait for the turn to finish (or cancel it), then redo');
     try {
       const { result } = await this.enqueue(agent.id, () => this.rpc(this.cwdOf(agent), 'redo', { session: agent.id }));
-      this.unmarkParent(agent.session);
+      await this.remarkAfterRedo(agent, result.undid);
       const landed = this.landedIn.get(agent.id);
       const notRestarted = landed?.stopped.length > 0 ? { turn: landed.turn, stopped: landed.stopped } : undefined;
       return ok({ ...result, session: agent.id, ...(notRestarted === undefined ? {} : { notRestarted }) });
@@ -441,18 +441,97 @@ export class RewindfsService {
         if (child !== undefined) {
           return refuse('rewound-elsewhere', `this session was rewound into ${child}; open it and /redo there`);
         }
+        if ((await this.ownFilesOf(agent.id)).left !== undefined) {
+          return refuseWith(error, `${error.message}; this session's own files were rewound away: /rewind own puts them back`);
+        }
       }
       return refuseWith(error);
     }
   }
 
   /**
+   * The rewound marks after a `/redo` in `agent`'s session undid rewind `undone`: the
+   * session whose files came back loses its mark — the session a `/rewind own` had
+   * left, else (a rewind into a fork) the fork's parent — and this session gains one
+   * when it ran turns of its own (its files went away with the redo).  Never throws.
+   */
+  async remarkAfterRedo(agent, undone) {
+    let nodes;
+    try {
+      nodes = await this.historyNodes(this.cwdOf(agent));
+    } catch (error) {
+      debug(`redo: no history for the marks: ${error.message}`);
+    }
+    const back = nodes === undefined ? undefined : filesOwnerUndoneTo(nodes, undone);
+    if (back === undefined) {
+      this.unmarkParent(agent.session);
+      return;
+    }
+    this.retitle(this.sessionNamed(back), unmarkedTitle);
+    if (ranOwnTurn(nodes, agent.id)) this.markRewound(agent.session);
+  }
+
+  /**
+   * `/rewind own`: put this session's own files back after a rewind moved the workspace
+   * to another session's (the web UI's "↻ back to this session's files" in a session
+   * marked ↩).  A rewind to the point the newest rewind that left them found, owned by
+   * this session: `/redo` here undoes it (the other session's files back).  What it
+   * undoes beyond this session — the other session's turns, edits between — is named
+   * (`foreign`), as for any rewind; nothing is forked and no conversation changes.
+   */
+  async rewindOwn(agent) {
+    if (agent.status === 'running') return refuse('busy', 'the agent is running; wait for the turn to finish (or cancel it), then rewind');
+    const cwd = this.cwdOf(agent);
+    return this.enqueue(agent.id, async () => {
+      let where;
+      try {
+        where = ownFiles(await this.historyNodes(cwd), agent.id);
+      } catch (error) {
+        return refuseWith(error);
+      }
+      if (where.none) return refuse('no-own-files', `session ${agent.id} ran no turn of its own in this workspace: it has no files of its own to go back to`);
+      if (where.current) return refuse('files-here', `the workspace holds this session's files already (turn ${where.turn} and what came after it)`);
+      try {
+        const { result } = await this.rpc(cwd, 'rewind', { to: `e${where.left}`, session: agent.id, undo_for: agent.id });
+        this.retitle(agent.session, unmarkedTitle);
+        if (where.from !== undefined && where.from !== agent.id) this.markRewound(this.sessionNamed(where.from));
+        this.noteLanded(agent.id, { ...result, turn: where.turn, stopped: [] });
+        return ok({ ...result, session: agent.id, left: where.left, turn: where.turn, ...(where.from === undefined ? {} : { from: where.from }) });
+      } catch (error) {
+        return refuseWith(error);
+      }
+    });
+  }
+
+  /** `ownFiles` of session `id`, or `{none: true}` when the daemon cannot say. */
+  async ownFilesOf(id) {
+    try {
+      return ownFiles(await this.historyNodes(this.cwdOfSession(id)), id);
+    } catch (error) {
+      debug(`history of ${id}: ${error.message}`);
+      return { none: true };
+    }
+  }
+
+  /** The workspace's state-tree nodes, oldest first (the daemon's `history`). */
+  async historyNodes(cwd) {
+    return (await this.rpc(cwd, 'history', {})).result.nodes ?? [];
+  }
+
+  /** The attached session (live, or an agent's) with id `id`, or undefined. */
+  sessionNamed(id) {
+    return this.ctx.get('sessions')?.get(id) ?? this.ctx.get('agents')?.get(id)?.session;
+  }
+
+  /**
    * Whether `/redo` in session `id` would undo a rewind now (the web UI's header
    * control asks): the daemon's `redo.state` — the store's redo stack of that owner
    * and whether the tree changed since its top rewind (a stale redo is refused, so
-   * the control is not offered then).  Never throws.
+   * the control is not offered then).  Where none is possible and a rewind took this
+   * session's own files away, `own` says so (the control runs `/rewind own` then).
+   * Never throws.
    * @param {string} id - session id.
-   * @returns {Promise<{ok: true, value: {session: string, canRedo: boolean, rewind?: number, reason?: string}}>} verdict.
+   * @returns {Promise<{ok: true, value: {session: string, canRedo: boolean, rewind?: number, reason?: string, landed?: object, own?: {left: number, from?: string}}}>} verdict.
    */
   async redoState(id) {
     try {
@@ -462,7 +541,11 @@ export class RewindfsService {
       // buried under a newer rewind) what it undid is no longer the news
       const landed = this.landedIn.get(id);
       const notice = canRedo && landed?.rewind === result.rewind ? landed.notice : undefined;
-      return ok({ session: id, canRedo, ...(result.rewind == null ? {} : { rewind: result.rewind }), ...(result.reason == null ? {} : { reason: result.reason }), ...(notice === undefined ? {} : { landed: notice }) });
+      // where a rewind took this session's own files away and no /redo here brings them
+      // back, the header offers /rewind own instead
+      const own = canRedo ? {} : await this.ownFilesOf(id);
+      const back = own.left === undefined ? undefined : { left: own.left, ...(own.from === undefined ? {} : { from: own.from }) };
+      return ok({ session: id, canRedo, ...(result.rewind == null ? {} : { rewind: result.rewind }), ...(result.reason == null ? {} : { reason: result.reason }), ...(notice === undefined ? {} : { landed: notice }), ...(back === undefined ? {} : { own: back }) });
     } catch (error) {
       return ok({ session: id, canRedo: false, reason: `${codeOf(error)}: ${error.message}` });
     }
@@ -511,7 +594,7 @@ export class RewindfsService {
   unmarkParent(session) {
     const parentId = session?.header?.parentSession;
     if (parentId === undefined) return;
-    const parent = this.ctx.get('sessions')?.get(parentId) ?? this.ctx.get('agents')?.get(parentId)?.session;
+    const parent = this.sessionNamed(parentId);
     if (parent === undefined) {
       debug(`redo: parent ${parentId} is not attached; its title keeps the rewound mark`);
       return;
