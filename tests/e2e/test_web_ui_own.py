@@ -11,15 +11,11 @@ marks change places, and its "↻ undo rewind" (`/redo`) puts the fork's files b
 
 from __future__ import annotations
 
-import contextlib
-
 import pytest
 
-from dshkit import Dsh, MockModel, harness
-from mountkit import mounted
-from test_web_ui import bash, open_workspace, rewind_control, send, session_logs, sidebar_rows
+from test_web_ui import bash, rewind_control, send, session_logs, sidebar_rows
+from test_web_ui_unprotected import web_ui
 from treesnap import compare, snapshot
-from webkit import Browser, WebServer, browser_driver
 
 pytestmark = pytest.mark.e2e
 
@@ -39,26 +35,11 @@ UNMARKED_ROW = f'{SESSIONS} [role="treeitem"][class*="sessionRow"]:not(:has-text
 
 
 def test_a_session_rewound_away_gets_its_own_files_back(tmp_path, capsys):
-    paths = harness()
-    driver = browser_driver()
-    ws, store = tmp_path / "ws", tmp_path / "store"
-    ws.mkdir()
-    with contextlib.ExitStack() as stack:
-        model = stack.enter_context(MockModel({"title": TITLE, "turns": TURNS}, tmp_path))
-        dsh = Dsh(paths, tmp_path, model, store)
-        dsh.install_plugin(cwd=tmp_path, profile="web")
-        stack.enter_context(mounted(ws, store))
-        web = stack.enter_context(WebServer(dsh, ws, tmp_path))
-        page = stack.enter_context(Browser(paths["NODE_BIN"], driver, tmp_path / "screenshots"))
-        try:
-            run_flow(page, web, dsh, ws)
-        finally:
-            with capsys.disabled():
-                print(f"\nweb UI screenshots: {page.shots}")
+    with web_ui(tmp_path, capsys, TITLE, mount=True, turns=TURNS) as (page, _, dsh):
+        run_flow(page, dsh, tmp_path / "ws")
 
 
-def run_flow(page, web, dsh, ws):
-    open_workspace(page, web, ws)
+def run_flow(page, dsh, ws):
     send(page, P1)
     page.do("wait", target="text=one done")
     send(page, P2)

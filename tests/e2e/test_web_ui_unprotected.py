@@ -35,15 +35,16 @@ TWO_TURNS = {
 
 
 @contextlib.contextmanager
-def web_ui(tmp_path, capsys, title: str, mount: bool):
-    """The web UI on a fresh workspace, opened in Chromium, its two scripted turns not
-    yet sent: yields ``(page, mount)`` (``mount`` None when nobody mounts it)."""
+def web_ui(tmp_path, capsys, title: str, mount: bool, turns=None):
+    """The web UI on a fresh workspace, opened in Chromium, its scripted turns (prompt →
+    steps; default: two) not yet sent: yields ``(page, mount, dsh)`` (``mount`` None
+    when nobody mounts it)."""
     paths = harness()
     driver = browser_driver()
     ws, store = tmp_path / "ws", tmp_path / "store"
     ws.mkdir()
     with contextlib.ExitStack() as stack:
-        model = stack.enter_context(MockModel({"title": title, "turns": TWO_TURNS}, tmp_path))
+        model = stack.enter_context(MockModel({"title": title, "turns": turns or TWO_TURNS}, tmp_path))
         dsh = Dsh(paths, tmp_path, model, store)
         dsh.install_plugin(cwd=tmp_path, profile="web")
         daemon = stack.enter_context(mounted(ws, store, require_clean=False)) if mount else None
@@ -51,14 +52,14 @@ def web_ui(tmp_path, capsys, title: str, mount: bool):
         page = stack.enter_context(Browser(paths["NODE_BIN"], driver, tmp_path / "screenshots"))
         try:
             open_workspace(page, web, ws)
-            yield page, daemon
+            yield page, daemon, dsh
         finally:
             with capsys.disabled():
                 print(f"\nweb UI screenshots: {page.shots}")
 
 
 def test_turns_that_run_unprotected_are_said_in_the_page(tmp_path, capsys):
-    with web_ui(tmp_path, capsys, "forgot to mount", mount=False) as (page, _):
+    with web_ui(tmp_path, capsys, "forgot to mount", mount=False) as (page, _, _):
         send(page, "turn one")
         page.do("wait", target="text=one done")
         page.do("wait", target=NOTICE)
@@ -80,7 +81,7 @@ def test_turns_that_run_unprotected_are_said_in_the_page(tmp_path, capsys):
 
 def test_a_daemon_killed_under_the_session_is_said_with_the_way_back(tmp_path, capsys):
     ws = tmp_path / "ws"
-    with web_ui(tmp_path, capsys, "daemon killed", mount=True) as (page, daemon):
+    with web_ui(tmp_path, capsys, "daemon killed", mount=True) as (page, daemon, _):
         send(page, "turn one")
         page.do("wait", target="text=one done")
         assert page.do("count", target=NOTICE)["count"] == 0   # protected
