@@ -32,7 +32,7 @@ export const CODES = Object.freeze({
   "no-own-files": "`/rewind own`: the session ran no turn of its own in this workspace, so it has no files of its own",
   "not-mounted": "no daemon serves the session's directory (no control socket found)",
   "relative-point": "a relative point (-1, ~1, HEAD~1, prev, last, ...): name an absolute turn number",
-  "rewound-elsewhere": "`/redo` in the session a rewind left: the rewind landed in a fork of it; /redo there",
+  "rewound-elsewhere": "`/redo` in the session a rewind left: the rewind landed in a fork of it; /redo there (or /rewind own here)",
   "session-exists": "`/rewind N --into ID`: a session ID already exists",
   "timeout": "no reply within the call's timeout (the daemon may still apply the request)",
   "unknown-point": "the session has no such turn, or that turn has no point (it ran unprotected)",

@@ -439,7 +439,7 @@ export class RewindfsService {
       if (codeOf(error) === 'nothing-to-redo') {
         const child = await this.rewoundInto(agent.id);
         if (child !== undefined) {
-          return refuse('rewound-elsewhere', `this session was rewound into ${child}; open it and /redo there`);
+          return refuse('rewound-elsewhere', `this session was rewound into ${child}; open it and /redo there, or /rewind own here`);
         }
         if ((await this.ownFilesOf(agent.id)).left !== undefined) {
           return refuseWith(error, `${error.message}; this session's own files were rewound away: /rewind own puts them back`);
