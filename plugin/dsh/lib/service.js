@@ -25,7 +25,7 @@ import { callError, codeOf, refusal } from './errors.js';
 import { landedNotice } from './commands.js';
 import { forkCut, turnsOf } from './fork.js';
 import { stopWorkOfTurns, TURN_ENV, turnTag } from './jobs.js';
-import { checkFreshFork, filesOwnerUndoneTo, markedTitle, ownFiles, ranOwnTurn, unmarkedTitle } from './lineage.js';
+import { checkFreshFork, filesOwnerUndoneTo, markedTitle, ownFiles, ranOwnTurn, REWOUND_PREFIX, unmarkedTitle } from './lineage.js';
 import { defaultStorePath, findSocket, isInside, realpathLoose } from './paths.js';
 
 // REWINDFS_DSH_DEBUG=1 traces every socket call on stderr (for bug reports).
@@ -541,9 +541,11 @@ export class RewindfsService {
       // buried under a newer rewind) what it undid is no longer the news
       const landed = this.landedIn.get(id);
       const notice = canRedo && landed?.rewind === result.rewind ? landed.notice : undefined;
-      // where a rewind took this session's own files away and no /redo here brings them
-      // back, the header offers /rewind own instead
-      const own = canRedo ? {} : await this.ownFilesOf(id);
+      // where a rewind took this session's own files away (its title is marked) and no
+      // /redo here brings them back, the header offers /rewind own instead.  Only then:
+      // the history of a long-lived workspace is megabytes (20,000 epochs: 181 ms to
+      // build in the daemon), and the header asks on every new transcript row.
+      const own = canRedo || !this.isMarked(id) ? {} : await this.ownFilesOf(id);
       const back = own.left === undefined ? undefined : { left: own.left, ...(own.from === undefined ? {} : { from: own.from }) };
       return ok({ session: id, canRedo, ...(result.rewind == null ? {} : { rewind: result.rewind }), ...(result.reason == null ? {} : { reason: result.reason }), ...(notice === undefined ? {} : { landed: notice }), ...(back === undefined ? {} : { own: back }) });
     } catch (error) {
@@ -583,6 +585,17 @@ export class RewindfsService {
     const ids = new Set();
     for (const header of [...live, ...stored]) if (header?.parentSession === parentId && header.id) ids.add(header.id);
     return [...ids];
+  }
+
+  /** Whether session `id` is attached and its title carries the rewound mark. */
+  isMarked(id) {
+    const session = this.sessionNamed(id);
+    try {
+      return session !== undefined && (this.ctx.get('sessionTitle')?.get(session)?.title ?? '').startsWith(REWOUND_PREFIX);
+    } catch (error) {
+      debug(`title of ${id}: ${error.message}`);
+      return false;
+    }
   }
 
   /** Put the rewound mark on `session`'s title (nothing without a title service). */

@@ -113,11 +113,18 @@ test('/redo with nothing to redo in a session rewound away points at /rewind own
     if (req.method === 'redo.state') return { can_redo: false, rewind: null, reason: 'nothing to redo' };
     return {};
   };
-  await scripted(daemon, async (path) => {
-    const service = serviceWith(path, new Map());
+  await scripted(daemon, async (path, seen) => {
+    const titles = new Map([['p', 'work']]);
+    const service = serviceWith(path, titles);
     const r = await service.redo({ id: 'p', session: service.sessionNamed('p') });
     assert.equal(r.refusal.code, 'nothing-to-redo');
     assert.match(r.refusal.message, /this session's own files were rewound away: \/rewind own puts them back$/);
+    // the header asks the history only for a session marked ↩ (it may be megabytes)
+    const asked = () => seen.filter((req) => req.method === 'history').length;
+    const before = asked();
+    assert.equal((await service.redoState('p')).value.own, undefined);
+    assert.equal(asked(), before);
+    titles.set('p', '↩ work');
     assert.deepEqual((await service.redoState('p')).value.own, { left: 4, from: 'c' });
   });
 });
