@@ -363,9 +363,14 @@ window.__ModuleLoader__.load({
           : back
             ? h('button', { type: 'button', style: buttonStyle, title: `a rewind put ${from}'s files in the workspace: put this session's own back, as its last turn left them (/rewind own; /redo here then undoes it)`, 'aria-label': "back to this session's files", disabled: busy, onClick }, "↻ back to this session's files")
             : null;
+        // a turn typed here would work on the other session's files: say so beside
+        // the control, not only in its tooltip
+        const away = back ? `the workspace holds ${from}'s files, not this session's: a turn here works on them` : undefined;
         return h('span', { 'data-rewindfs': 'undo' },
           landed === undefined ? null
             : h('span', { role: 'status', 'data-rewindfs': 'landed', title: landed.full, 'aria-label': landed.full, style: noticeStyle }, landed.short),
+          away === undefined ? null
+            : h('span', { role: 'status', 'data-rewindfs': 'away', title: away, 'aria-label': away, style: noticeStyle }, "⚠ not this session's files"),
           button,
           refused === undefined ? null : h('span', { role: 'status', style: statusStyle }, refused));
       };

@@ -4,8 +4,9 @@ A person rewinds turn 2 with its ↺ and lands in the fork; there the agent runs
 of its own.  The fork's "↻ undo rewind" is gone then (a redo would throw that turn
 away: stale), and the session she came from, marked ↩, offered nothing: its files
 (turn 2's work) were reachable only with `rewindfs rewind e<N>` in a terminal, and a
-turn typed there ran against the fork's files.  Now that session's header offers
-"↻ back to this session's files" (`/rewind own`): the files are turn 2's again, the
+turn typed there ran against the fork's files.  Now that session's header says so
+("⚠ not this session's files") and offers "↻ back to this session's files" (`/rewind
+own`): the files are turn 2's again, the
 marks change places, and its "↻ undo rewind" (`/redo`) puts the fork's files back.
 """
 
@@ -29,6 +30,7 @@ TURNS = {
 UNDO = '[aria-label="undo the rewind that landed here"]'
 OWN = '''[aria-label="back to this session's files"]'''
 LANDED = '[data-rewindfs="landed"]'
+AWAY = '[data-rewindfs="away"]'
 SESSIONS = '[role="tree"][aria-label="Sessions"]'
 MARKED_ROW = f'{SESSIONS} [role="treeitem"]:has-text("↩ ")'
 UNMARKED_ROW = f'{SESSIONS} [role="treeitem"][class*="sessionRow"]:not(:has-text("↩ "))'
@@ -61,6 +63,11 @@ def run_flow(page, dsh, ws):
     page.do("click", target=MARKED_ROW)
     page.do("wait", target="text=two done")
     page.do("wait", target=OWN)
+    # beside it, what a turn typed here would work on
+    assert page.do("text", target=AWAY)["text"] == "⚠ not this session's files"
+    fork = [sid for sid, log in session_logs(dsh.home).items() if log[0].get("parentSession")][0]
+    why = page.do("attr", target=AWAY, name="title")["value"]
+    assert why == f"the workspace holds session {fork}'s files, not this session's: a turn here works on them", why
     tooltip = page.do("attr", target=OWN, name="title")["value"]
     assert "/rewind own" in tooltip and "files in the workspace" in tooltip, tooltip
     page.shot("2-back-offered")
@@ -73,7 +80,7 @@ def run_flow(page, dsh, ws):
     notice = page.do("text", target=LANDED)["text"]
     assert notice.startswith("⚠ the rewind also undid 2 changes made outside this session's turns"), notice
     page.do("wait", target=UNDO)
-    assert page.do("count", target=OWN)["count"] == 0
+    assert page.do("count", target=OWN)["count"] == page.do("count", target=AWAY)["count"] == 0
     rows = sidebar_rows(page)
     assert sorted(rows[1:]) == [TITLE, f"↩ {TITLE}"], rows
     assert page.do("count", target=f'{MARKED_ROW}[class*="selected"]')["count"] == 0   # the fork is marked now
