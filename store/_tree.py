@@ -12,6 +12,13 @@ damaged record) anchors at the root: the tree never invents an edge.
 The newest epoch (the open one) is the current state.  A child session (``fork``
 record: parent session, boundary turn) marks its first turn epoch here as a fork.
 
+Where a session's own files are (``own_files``, for a harness's "back to this
+session's files"): the state its newest turn here left.  They are *here* while that
+turn is at or above the state the workspace is in now (later turns of any session
+built on them), else *away*, and the point to go back to is the newest rewind or redo
+that started from at or below that turn: its point is that tree, the edits made after
+the turn included.
+
 Pure data: reads only; costs one pass over the workspace's epochs and one session record
 per session named.
 """
@@ -23,7 +30,7 @@ from dataclasses import dataclass
 from . import _epoch, _session
 from ._epoch import Epoch
 
-__all__ = ["Fork", "Node", "build", "history", "parents"]
+__all__ = ["Fork", "Node", "OwnFiles", "build", "history", "own_files", "parents"]
 
 _STATE_KINDS = ("turn", "idle")     # an epoch of these kinds is itself a state to hang under
 
@@ -105,3 +112,51 @@ def history(txn, db, ws: int) -> list[Node]:
         if record is not None and record[0] is not None:
             forks[session] = Fork(record[0], record[1])
     return build(epochs, forks)
+
+
+@dataclass(frozen=True)
+class OwnFiles:
+    """Where one session's own files are (``own_files``).  ``state``: ``none`` (no turn
+    of its own here), ``here`` or ``away``; ``turn``: its newest turn here; away,
+    ``left``: the newest rewind or redo that started from them (point ``e<left>`` is
+    that tree; None when no point holds them any more, e.g. gc dropped it) and
+    ``holder``: the session whose turn the state now is under (None: no turn above it)."""
+    state: str
+    turn: int | None = None
+    left: int | None = None
+    holder: str | None = None
+
+    def as_dict(self) -> dict:
+        return {"state": self.state, "turn": self.turn, "left": self.left,
+                "holder": self.holder}
+
+
+def own_files(nodes: list[Node], session: str) -> OwnFiles:
+    """Where ``session``'s own files are in the tree ``nodes`` (``build``'s, id order)."""
+    own = [n for n in nodes if n.epoch.kind == "turn" and n.epoch.session == session]
+    if not own:
+        return OwnFiles("none")
+    last = own[-1].epoch
+    parent_of = {n.epoch.id: n.parent for n in nodes}
+    now = _anchor_after(nodes[-1].epoch, parent_of)      # the state the next point hangs under
+    if _at_or_below(parent_of, now, last.id):
+        return OwnFiles("here", turn=last.turn)
+    leaving = [n.epoch.id for n in nodes
+               if n.epoch.kind in ("rewind", "redo") and n.epoch.id > last.id
+               and _at_or_below(parent_of, n.parent, last.id)]
+    by_id = {n.epoch.id: n.epoch for n in nodes}
+    holder = next((by_id[s].session for s in _up(parent_of, now) if by_id[s].kind == "turn"),
+                  None)
+    return OwnFiles("away", turn=last.turn, left=leaving[-1] if leaving else None,
+                    holder=holder)
+
+
+def _up(parent_of: dict[int, int | None], state: int | None):
+    """``state`` and the states above it, up to the root."""
+    while state is not None and state in parent_of:
+        yield state
+        state = parent_of[state]
+
+
+def _at_or_below(parent_of: dict[int, int | None], state: int | None, ancestor: int) -> bool:
+    return any(s == ancestor for s in _up(parent_of, state))

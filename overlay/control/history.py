@@ -1,5 +1,6 @@
 """The ``history`` method: the workspace's state tree (``store._tree``), for
-``rewindfs log --tree``; and ``redo.state``: what ``redo`` of an owner would undo now.
+``rewindfs log --tree``; ``redo.state``: what ``redo`` of an owner would undo now; and
+``own.state``: where sessions' own files are (a harness's "back to this session's files").
 
     → {"method": "history", "params": {"session"?: S}}
     ← {"nodes": [{...epoch point fields, "parent", "children", "current", "fork"}, ...]}
@@ -20,10 +21,11 @@ from rewindfs.store import NothingToRedo
 from rewindfs.store._errors import BadSession
 
 from rewindfs.overlay.control.host import RewindHost
+from rewindfs.overlay.errors import BadParams
 from rewindfs.overlay.rewind import engine
-from rewindfs.overlay.control.wire import opt_str
+from rewindfs.overlay.control.wire import check_text, opt_str
 
-__all__ = ["METHODS", "history_sync", "redo_state_sync"]
+__all__ = ["METHODS", "history_sync", "own_state_sync", "redo_state_sync"]
 
 
 def history_sync(ctx: RewindHost, params: dict) -> dict:
@@ -70,5 +72,29 @@ async def redo_state(ctx: RewindHost, params: dict, emit) -> dict:
     return await trio.to_thread.run_sync(redo_state_sync, ctx, params)
 
 
-METHODS = {"history": history, "redo.state": redo_state}
-PARAMS = {"history": ("session",), "redo.state": ("session",)}   # control.methods checks
+# a harness asks for the sessions it shows; more than this in one request is a bug
+_MAX_OWN_SESSIONS = 256
+
+
+def own_state_sync(ctx: RewindHost, params: dict) -> dict:
+    """``{"sessions": [S, ...]}`` → ``{"sessions": {S: {"state", "turn", "left",
+    "holder"}}}``: ``store._tree.own_files`` for each — ``none`` (no turn of its own
+    here), ``here``, or ``away`` with ``left`` (rewind to ``e<left>`` to put them back;
+    null when no point holds them any more) and ``holder`` (whose files are here)."""
+    sessions = params.get("sessions")
+    if (not isinstance(sessions, list) or not 1 <= len(sessions) <= _MAX_OWN_SESSIONS
+            or not all(isinstance(s, str) and s for s in sessions)):
+        raise BadParams(method="own.state", reason="'sessions' must be a list of 1 to "
+                        f"{_MAX_OWN_SESSIONS} non-empty session ids")
+    names = [check_text(s, "sessions", "own.state") for s in sessions]
+    found = ctx.store.own_files(ctx.ws, names)
+    return {"sessions": {s: where.as_dict() for s, where in found.items()}}
+
+
+async def own_state(ctx: RewindHost, params: dict, emit) -> dict:
+    return await trio.to_thread.run_sync(own_state_sync, ctx, params)
+
+
+METHODS = {"history": history, "redo.state": redo_state, "own.state": own_state}
+PARAMS = {"history": ("session",), "redo.state": ("session",),    # control.methods checks
+          "own.state": ("sessions",)}

@@ -29,7 +29,7 @@ export const CODES = Object.freeze({
   "fork-not-fresh": "`/rewind N --into ID`: ID is a fork of this session, but not a fresh one at or before turn N's boundary (a turn ran in it, or it holds turn N)",
   "files-here": "`/rewind own`: the workspace holds this session's own files already (its newest turn is in the state it is in)",
   "job-unstoppable": "a background job or process started by a turn the rewind removes is still running (it survived SIGKILL, refused the signal, or cannot be told apart from work of a kept turn); nothing was rewound",
-  "no-own-files": "`/rewind own`: the session ran no turn of its own in this workspace, so it has no files of its own",
+  "no-own-files": "`/rewind own`: the session ran no turn of its own in this workspace (so it has no files of its own), or no point holds them any more (gc dropped it)",
   "not-mounted": "no daemon serves the session's directory (no control socket found)",
   "relative-point": "a relative point (-1, ~1, HEAD~1, prev, last, ...): name an absolute turn number",
   "rewound-elsewhere": "`/redo` in the session a rewind left: the rewind landed in a fork of it; /redo there (or /rewind own here)",

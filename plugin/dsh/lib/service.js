@@ -25,7 +25,7 @@ import { callError, codeOf, refusal } from './errors.js';
 import { landedNotice } from './commands.js';
 import { forkCut, turnsOf } from './fork.js';
 import { stopWorkOfTurns, TURN_ENV, turnTag } from './jobs.js';
-import { checkFreshFork, filesOwnerUndoneTo, markedTitle, ownFiles, ranOwnTurn, REWOUND_PREFIX, unmarkedTitle } from './lineage.js';
+import { checkFreshFork, markedTitle, REWOUND_PREFIX, unmarkedTitle } from './lineage.js';
 import { defaultStorePath, findSocket, isInside, realpathLoose } from './paths.js';
 
 // REWINDFS_DSH_DEBUG=1 traces every socket call on stderr (for bug reports).
@@ -37,7 +37,11 @@ const refuseWith = (error, message = error.message) => ({
   ok: false, refusal: { code: codeOf(error), message, ...(error?.data === undefined ? {} : { data: error.data }) },
 });
 const ok = (value) => ({ ok: true, value });
+/** The entries of a harness registry (`list()` in rc.8; a Map's `values()` in tests). */
+const listed = (registry) => [...(registry?.list?.() ?? registry?.values?.() ?? [])];
 const SESSION_ID = /^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$/;
+/** The daemon's own-files state of a session with no turn of its own (or none it could say). */
+const NO_OWN = Object.freeze({ state: 'none', turn: null, left: null, holder: null });
 export class RewindfsService {
   /**
    * @param {object} ctx - the plugin's Cordis context.
@@ -431,7 +435,7 @@ export class RewindfsService {
     if (agent.status === 'running') return refuse('busy', 'the agent is running; wait for the turn to finish (or cancel it), then redo');
     try {
       const { result } = await this.enqueue(agent.id, () => this.rpc(this.cwdOf(agent), 'redo', { session: agent.id }));
-      await this.remarkAfterRedo(agent, result.undid);
+      await this.remark(agent);
       const landed = this.landedIn.get(agent.id);
       const notRestarted = landed?.stopped.length > 0 ? { turn: landed.turn, stopped: landed.stopped } : undefined;
       return ok({ ...result, session: agent.id, ...(notRestarted === undefined ? {} : { notRestarted }) });
@@ -441,7 +445,7 @@ export class RewindfsService {
         if (child !== undefined) {
           return refuse('rewound-elsewhere', `this session was rewound into ${child}; open it and /redo there, or /rewind own here`);
         }
-        if ((await this.ownFilesOf(agent.id)).left !== undefined) {
+        if ((await this.ownFilesOf(agent.id)).left != null) {
           return refuseWith(error, `${error.message}; this session's own files were rewound away: /rewind own puts them back`);
         }
       }
@@ -450,25 +454,41 @@ export class RewindfsService {
   }
 
   /**
-   * The rewound marks after a `/redo` in `agent`'s session undid rewind `undone`: the
-   * session whose files came back loses its mark — the session a `/rewind own` had
-   * left, else (a rewind into a fork) the fork's parent — and this session gains one
-   * when it ran turns of its own (its files went away with the redo).  Never throws.
+   * The ↩ marks after a rewind or redo in `agent`'s session, from where each session's
+   * own files now are (the daemon's `own.state`): a marked session of this workspace
+   * whose files are back loses its mark; `agent`'s session, and the sessions in
+   * `others`, gain one when theirs are away.  Where the daemon cannot say, the fork's
+   * parent is unmarked (a redo of a rewind into a fork brought its files back).
+   * Never throws.
    */
-  async remarkAfterRedo(agent, undone) {
-    let nodes;
+  async remark(agent, others = []) {
+    const cwd = this.cwdOf(agent);
+    const marked = this.attached().filter(([id, session]) => id !== agent.id && this.isMarked(id) && this.cwdOf({ session }) === cwd);
+    const mayMark = new Map([[agent.id, agent.session], ...others.map((id) => [id, this.sessionNamed(id)])]);
+    let states;
     try {
-      nodes = await this.historyNodes(this.cwdOf(agent));
+      states = await this.ownStates(cwd, [...new Set([...mayMark.keys(), ...marked.map(([id]) => id)])]);
     } catch (error) {
-      debug(`redo: no history for the marks: ${error.message}`);
-    }
-    const back = nodes === undefined ? undefined : filesOwnerUndoneTo(nodes, undone);
-    if (back === undefined) {
+      debug(`no own-files state for the ↩ marks: ${error.message}`);
       this.unmarkParent(agent.session);
       return;
     }
-    this.retitle(this.sessionNamed(back), unmarkedTitle);
-    if (ranOwnTurn(nodes, agent.id)) this.markRewound(agent.session);
+    for (const [id, session] of marked) if (states[id]?.state === 'here') this.retitle(session, unmarkedTitle);
+    for (const [id, session] of mayMark) {
+      if (states[id]?.state === 'away') this.markRewound(session);
+      else if (states[id]?.state === 'here') this.retitle(session, unmarkedTitle);
+    }
+  }
+
+  /** `[id, session]` of every attached session (live, or an agent's), once each. */
+  attached() {
+    const out = new Map();
+    for (const session of listed(this.ctx.get('sessions'))) {
+      const id = session?.id ?? session?.header?.id;
+      if (id) out.set(id, session);
+    }
+    for (const agent of listed(this.ctx.get('agents'))) if (agent?.id && agent.session && !out.has(agent.id)) out.set(agent.id, agent.session);
+    return [...out];
   }
 
   /**
@@ -485,37 +505,42 @@ export class RewindfsService {
     return this.enqueue(agent.id, async () => {
       let where;
       try {
-        where = ownFiles(await this.historyNodes(cwd), agent.id);
+        where = (await this.ownStates(cwd, [agent.id]))[agent.id] ?? NO_OWN;
       } catch (error) {
         return refuseWith(error);
       }
-      if (where.none) return refuse('no-own-files', `session ${agent.id} ran no turn of its own in this workspace: it has no files of its own to go back to`);
-      if (where.current) return refuse('files-here', `the workspace holds this session's files already (turn ${where.turn} and what came after it)`);
+      if (where.state === 'none') return refuse('no-own-files', `session ${agent.id} ran no turn of its own in this workspace: it has no files of its own to go back to`);
+      if (where.state === 'here') return refuse('files-here', `the workspace holds this session's files already (turn ${where.turn} and what came after it)`);
+      if (where.left == null) return refuse('no-own-files', `no point holds the files of this session's turn ${where.turn} any more (rewindfs gc dropped the rewind that left them)`);
       try {
         const { result } = await this.rpc(cwd, 'rewind', { to: `e${where.left}`, session: agent.id, undo_for: agent.id });
-        this.retitle(agent.session, unmarkedTitle);
-        if (where.from !== undefined && where.from !== agent.id) this.markRewound(this.sessionNamed(where.from));
+        await this.remark(agent, where.holder == null || where.holder === agent.id ? [] : [where.holder]);
         this.noteLanded(agent.id, { ...result, turn: where.turn, stopped: [] });
-        return ok({ ...result, session: agent.id, left: where.left, turn: where.turn, ...(where.from === undefined ? {} : { from: where.from }) });
+        return ok({ ...result, session: agent.id, left: where.left, turn: where.turn, ...(where.holder == null ? {} : { from: where.holder }) });
       } catch (error) {
         return refuseWith(error);
       }
     });
   }
 
-  /** `ownFiles` of session `id`, or `{none: true}` when the daemon cannot say. */
-  async ownFilesOf(id) {
-    try {
-      return ownFiles(await this.historyNodes(this.cwdOfSession(id)), id);
-    } catch (error) {
-      debug(`history of ${id}: ${error.message}`);
-      return { none: true };
-    }
+  /**
+   * Where the own files of each session in `ids` are, in the workspace of `cwd` (the
+   * daemon's `own.state`: id → `{state: 'none'|'here'|'away', turn, left, holder}`;
+   * away, `left` is the point that puts them back and `holder` whose files are here).
+   * Throws what the daemon refused.
+   */
+  async ownStates(cwd, ids) {
+    return (await this.rpc(cwd, 'own.state', { sessions: ids })).result.sessions ?? {};
   }
 
-  /** The workspace's state-tree nodes, oldest first (the daemon's `history`). */
-  async historyNodes(cwd) {
-    return (await this.rpc(cwd, 'history', {})).result.nodes ?? [];
+  /** The daemon's own-files state of session `id`, or `none` when it cannot say. */
+  async ownFilesOf(id) {
+    try {
+      return (await this.ownStates(this.cwdOfSession(id), [id]))[id] ?? NO_OWN;
+    } catch (error) {
+      debug(`own files of ${id}: ${error.message}`);
+      return NO_OWN;
+    }
   }
 
   /** The attached session (live, or an agent's) with id `id`, or undefined. */
@@ -545,8 +570,8 @@ export class RewindfsService {
       // /redo here brings them back, the header offers /rewind own instead.  Only then:
       // the history of a long-lived workspace is megabytes (20,000 epochs: 181 ms to
       // build in the daemon), and the header asks on every new transcript row.
-      const own = canRedo || !this.isMarked(id) ? {} : await this.ownFilesOf(id);
-      const back = own.left === undefined ? undefined : { left: own.left, ...(own.from === undefined ? {} : { from: own.from }) };
+      const own = canRedo || !this.isMarked(id) ? NO_OWN : await this.ownFilesOf(id);
+      const back = own.left == null ? undefined : { left: own.left, ...(own.holder == null ? {} : { from: own.holder }) };
       return ok({ session: id, canRedo, ...(result.rewind == null ? {} : { rewind: result.rewind }), ...(result.reason == null ? {} : { reason: result.reason }), ...(notice === undefined ? {} : { landed: notice }), ...(back === undefined ? {} : { own: back }) });
     } catch (error) {
       return ok({ session: id, canRedo: false, reason: `${codeOf(error)}: ${error.message}` });
@@ -581,7 +606,7 @@ export class RewindfsService {
   /** Ids of the live or persisted sessions whose header names `parentId` as parent. */
   async forksOf(parentId) {
     const stored = await this.ctx.get('sessionPersistence')?.list().catch(() => []) ?? [];
-    const live = [...(this.ctx.get('sessions')?.values?.() ?? [])].map((s) => s.header ?? {});
+    const live = listed(this.ctx.get('sessions')).map((s) => s?.header ?? {});
     const ids = new Set();
     for (const header of [...live, ...stored]) if (header?.parentSession === parentId && header.id) ids.add(header.id);
     return [...ids];

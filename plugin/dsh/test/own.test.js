@@ -1,53 +1,18 @@
 // `/rewind own`: a session a rewind took away from gets its own files back.  Where its
-// files are comes from the workspace's state tree (the daemon's `history` nodes: each
-// epoch under the state it started from); the service rewinds to the point the
-// newest rewind that left them found, owned by the session, and moves the ↩ marks.
+// files are is the daemon's answer (`own.state`, from the workspace's state tree; its
+// rule is tested in tests/unit/test_own_files.py on a real store, the whole path in
+// tests/e2e/test_web_ui_own.py in Chromium).  Here: what the service does with the
+// answer — the rewind it asks for, the refusals, the ↩ marks it moves.
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import { parseRewind, renderOwn } from '../lib/commands.js';
 import { DEFAULTS } from '../lib/config.js';
-import { filesOwnerUndoneTo, ownFiles } from '../lib/lineage.js';
 import { RewindfsService } from '../lib/service.js';
 import { scripted } from './scripted.js';
 
-const turn = (epoch, session, n, parent) => ({ epoch, kind: 'turn', session, turn: n, parent, target: null });
-const rewind = (epoch, owner, target, parent) => ({ epoch, kind: 'rewind', session: owner, turn: null, parent, target });
-const current = (nodes) => nodes.map((n, i) => ({ ...n, current: i === nodes.length - 1 }));
-
-// p ran turns 1 and 2; ↺ on turn 2 landed in fork c (e4, to the start of e3), which ran
-// its own turn 2 (e5, a sibling of p's turn 2)
-const FORKED = [
-  { epoch: 1, kind: 'idle', session: null, turn: null, parent: null, target: null },
-  turn(2, 'p', 1, 1), turn(3, 'p', 2, 2), rewind(4, 'c', 3, 3), turn(5, 'c', 2, 2),
-];
-
-test("a session's own files: left by the rewind that started from them, or here", () => {
-  assert.deepEqual(ownFiles(current(FORKED), 'p'), { left: 4, turn: 2, from: 'c' });
-  assert.deepEqual(ownFiles(current(FORKED), 'c'), { current: true, turn: 2 });
-  assert.deepEqual(ownFiles(current(FORKED), 'nobody'), { none: true });
-  // right after the rewind (c ran nothing yet): p's files are away, c's state is p's turn 1
-  assert.deepEqual(ownFiles(current(FORKED.slice(0, 4)), 'p'), { left: 4, turn: 2, from: 'p' });
-  // p went back (e6: to the point e4 found); now c's are away, left by e6
-  const back = current([...FORKED, rewind(6, 'p', 4, 5)]);
-  assert.deepEqual(ownFiles(back, 'p'), { current: true, turn: 2 });
-  assert.deepEqual(ownFiles(back, 'c'), { left: 6, turn: 2, from: 'p' });
-  // a redo of e6 (c's files again) is c's state once more
-  const redone = current([...back, { ...rewind(7, 'p', 6, 3), kind: 'redo' }]);
-  assert.deepEqual(ownFiles(redone, 'c'), { current: true, turn: 2 });
-  assert.deepEqual(ownFiles(redone, 'p'), { left: 7, turn: 2, from: 'c' });
-});
-
-test("another session's turns built on this one's files: they are still here", () => {
-  const shared = current([...FORKED.slice(0, 3), turn(4, 'q', 1, 3), { ...FORKED[0], epoch: 5, parent: 4 }]);
-  assert.deepEqual(ownFiles(shared, 'p'), { current: true, turn: 2 });
-});
-
-test('a redo of a /rewind own gives the files back to the session that one left', () => {
-  const nodes = current([...FORKED, rewind(6, 'p', 4, 5)]);
-  assert.equal(filesOwnerUndoneTo(nodes, 6), 'c');
-  assert.equal(filesOwnerUndoneTo(nodes, 4), undefined);   // a rewind to a turn: the fork's parent
-  assert.equal(filesOwnerUndoneTo(nodes, 99), undefined);
-});
+const here = (turn) => ({ state: 'here', turn, left: null, holder: null });
+const away = (turn, left, holder) => ({ state: 'away', turn, left, holder });
+const none = { state: 'none', turn: null, left: null, holder: null };
 
 test('/rewind own parses, takes no arguments, and its reply says how to undo it', () => {
   assert.deepEqual(parseRewind(' own '), { op: 'own' });
@@ -74,17 +39,18 @@ function serviceWith(path, titles) {
 }
 
 test('/rewind own rewinds to the point, owned by the session, and moves the marks', async () => {
-  let nodes = current(FORKED);
+  // p's turn 2 was left by rewind e4 (into fork c, which ran its own turn 2)
+  let states = { p: away(2, 4, 'c'), c: here(2) };
   const calls = [];
   const daemon = async (req) => {
     calls.push([req.method, req.params]);
-    if (req.method === 'history') return { nodes };
+    if (req.method === 'own.state') return { sessions: Object.fromEntries(req.params.sessions.map((s) => [s, states[s] ?? none])) };
     if (req.method === 'rewind') {
-      nodes = current([...nodes, rewind(6, 'p', 4, 5)]);
+      states = { p: here(2), c: away(2, 6, 'p') };
       return { epoch: 6, written: 1, created: 1, deleted: 1, foreign: [] };
     }
     if (req.method === 'redo') {
-      nodes = current([...nodes, { ...rewind(7, 'p', 6, 3), kind: 'redo' }]);
+      states = { p: away(2, 7, 'c'), c: here(2) };
       return { epoch: 7, undid: 6, written: 1, created: 1, deleted: 1 };
     }
     return {};
@@ -96,6 +62,7 @@ test('/rewind own rewinds to the point, owned by the session, and moves the mark
     const r = await service.rewindOwn(agent);
     assert.ok(r.ok, JSON.stringify(r));
     assert.deepEqual(calls.find(([m]) => m === 'rewind')[1], { to: 'e4', session: 'p', undo_for: 'p' });
+    assert.equal(r.value.from, 'c');
     assert.deepEqual([titles.get('p'), titles.get('c')], ['work', '↩ work']);
     assert.equal((await service.rewindOwn(agent)).refusal.code, 'files-here');
     // /redo in p undoes it: c's files back, the marks change places again
@@ -103,12 +70,33 @@ test('/rewind own rewinds to the point, owned by the session, and moves the mark
     assert.ok(redo.ok, JSON.stringify(redo));
     assert.deepEqual([titles.get('p'), titles.get('c')], ['↩ work', 'work']);
     assert.equal((await service.rewindOwn({ id: 'q', session: { header: {} } })).refusal.code, 'no-own-files');
+    // one request per question, the sessions asked together
+    assert.ok(calls.filter(([m]) => m === 'own.state').every(([, p]) => p.sessions.length >= 1));
+    assert.equal(calls.filter(([m]) => m === 'history').length, 0);
+  });
+});
+
+test('/rewind own where no point holds the files any more is refused and changes nothing', async () => {
+  const calls = [];
+  const daemon = async (req) => {
+    calls.push(req.method);
+    if (req.method === 'own.state') return { sessions: { p: away(2, null, 'c') } };
+    return {};
+  };
+  await scripted(daemon, async (path) => {
+    const titles = new Map([['p', '↩ work']]);
+    const service = serviceWith(path, titles);
+    const r = await service.rewindOwn({ id: 'p', session: service.sessionNamed('p') });
+    assert.equal(r.refusal.code, 'no-own-files');
+    assert.match(r.refusal.message, /no point holds the files of this session's turn 2/);
+    assert.deepEqual(calls, ['own.state']);
+    assert.equal(titles.get('p'), '↩ work');
   });
 });
 
 test('/redo with nothing to redo in a session rewound away points at /rewind own', async () => {
   const daemon = async (req) => {
-    if (req.method === 'history') return { nodes: current(FORKED) };
+    if (req.method === 'own.state') return { sessions: { p: away(2, 4, 'c') } };
     if (req.method === 'redo') return { error: { code: 'nothing-to-redo', message: 'nothing to redo of session p' } };
     if (req.method === 'redo.state') return { can_redo: false, rewind: null, reason: 'nothing to redo' };
     return {};
@@ -119,8 +107,8 @@ test('/redo with nothing to redo in a session rewound away points at /rewind own
     const r = await service.redo({ id: 'p', session: service.sessionNamed('p') });
     assert.equal(r.refusal.code, 'nothing-to-redo');
     assert.match(r.refusal.message, /this session's own files were rewound away: \/rewind own puts them back$/);
-    // the header asks the history only for a session marked ↩ (it may be megabytes)
-    const asked = () => seen.filter((req) => req.method === 'history').length;
+    // the header asks where the own files are only for a session marked ↩
+    const asked = () => seen.filter((req) => req.method === 'own.state').length;
     const before = asked();
     assert.equal((await service.redoState('p')).value.own, undefined);
     assert.equal(asked(), before);

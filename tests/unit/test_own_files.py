@@ -1,0 +1,94 @@
+"""Where a session's own files are (``store._tree.own_files``, the daemon's ``own.state``):
+what the web UI's "↻ back to this session's files" (``/rewind own``) asks.
+
+Histories are made through the Store API the way the daemon makes them (turn marks,
+rewinds and redos with their ends), on a real LMDB store: the web UI's case first —
+session p ran turns 1 and 2, ↺ on turn 2 landed in fork c, c ran its own turn 2.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from rewindfs.overlay.control.history import own_state_sync
+from rewindfs.overlay.errors import BadParams
+
+
+class _Host:
+    def __init__(self, store, ws):
+        self.store, self.ws = store, ws
+
+
+def where(store, ws, session) -> dict:
+    return own_state_sync(_Host(store, ws), {"sessions": [session]})["sessions"][session]
+
+
+def rewind(store, ws, target, owner, kind="rewind") -> int:
+    e = store.begin_rewind(ws, target, owner, kind=kind).id
+    store.end_rewind(ws)
+    return e
+
+
+def forked(store, ws):
+    """p: turns 1, 2; a rewind owned by fork c to the start of p's turn 2; c's turn 2."""
+    store.begin_turn(ws, "p", 1, "one")
+    p2 = store.begin_turn(ws, "p", 2, "two").id
+    store.end_turn(ws)
+    into_c = rewind(store, ws, p2, "c")
+    return p2, into_c
+
+
+def test_right_after_a_rewind_into_a_fork_the_parents_files_are_away(store, ws):
+    _, into_c = forked(store, ws)
+    # c ran nothing yet: the state is p's turn 1, so p holds the workspace, not its own
+    assert where(store, ws, "p") == {"state": "away", "turn": 2, "left": into_c, "holder": "p"}
+    assert where(store, ws, "c") == {"state": "none", "turn": None, "left": None, "holder": None}
+
+
+def test_rewind_own_and_its_redo_move_the_files_between_the_sessions(store, ws):
+    _, into_c = forked(store, ws)
+    store.begin_turn(ws, "c", 2, "the fork's way")
+    store.end_turn(ws)
+    assert where(store, ws, "p") == {"state": "away", "turn": 2, "left": into_c, "holder": "c"}
+    assert where(store, ws, "c")["state"] == "here"
+    back = rewind(store, ws, into_c, "p")                   # /rewind own in p
+    assert where(store, ws, "p") == {"state": "here", "turn": 2, "left": None, "holder": None}
+    assert where(store, ws, "c") == {"state": "away", "turn": 2, "left": back, "holder": "p"}
+    redo = rewind(store, ws, back, "p", kind="redo")        # /redo in p undoes it
+    assert where(store, ws, "c")["state"] == "here"
+    assert where(store, ws, "p") == {"state": "away", "turn": 2, "left": redo, "holder": "c"}
+
+
+def test_another_sessions_turns_on_top_keep_them_here(store, ws):
+    store.begin_turn(ws, "p", 1, "one")
+    store.begin_turn(ws, "p", 2, "two")
+    store.end_turn(ws)
+    store.begin_turn(ws, "q", 1, "built on p's files")
+    store.end_turn(ws)
+    assert where(store, ws, "p") == {"state": "here", "turn": 2, "left": None, "holder": None}
+
+
+def test_a_rewind_within_the_session_takes_its_newest_turn_away(store, ws):
+    t1 = store.begin_turn(ws, "p", 1, "one").id
+    store.begin_turn(ws, "p", 2, "two")
+    store.end_turn(ws)
+    undo = rewind(store, ws, t1, "p")
+    # the state is the root (before turn 1): turn 2's tree is at point e<undo>
+    assert where(store, ws, "p") == {"state": "away", "turn": 2, "left": undo, "holder": None}
+
+
+def test_one_request_answers_for_several_sessions(store, ws):
+    forked(store, ws)
+    got = own_state_sync(_Host(store, ws), {"sessions": ["p", "c", "nobody"]})["sessions"]
+    assert [got[s]["state"] for s in ("p", "c", "nobody")] == ["away", "none", "none"]
+
+
+@pytest.mark.parametrize("params", [
+    {}, {"sessions": "p"}, {"sessions": []}, {"sessions": [""]}, {"sessions": [5]},
+    {"sessions": ["p", None]}, {"sessions": ["\ud800"]}, {"sessions": ["s"] * 257},
+])
+def test_bad_params_are_refused(store, ws, params):
+    forked(store, ws)
+    with pytest.raises(BadParams) as exc:
+        own_state_sync(_Host(store, ws), params)
+    assert exc.value.code == "bad-params" and "sessions" in exc.value.message
