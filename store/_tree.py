@@ -119,16 +119,21 @@ class OwnFiles:
     """Where one session's own files are (``own_files``).  ``state``: ``none`` (no turn
     of its own here), ``here`` or ``away``; ``turn``: its newest turn here; away,
     ``left``: the newest rewind or redo that started from them (point ``e<left>`` is
-    that tree; None when no point holds them any more, e.g. gc dropped it) and
-    ``holder``: the session whose turn the state now is under (None: no turn above it)."""
+    that tree; None when no point holds them any more, e.g. gc dropped it),
+    ``holder``: the session whose turn the state now is under (None: no turn above it)
+    and ``undoes``: the (session, turn) of every turn whose work a rewind to
+    ``e<left>`` takes out of the workspace, newest first (a harness stops what they
+    left running before it rewinds)."""
     state: str
     turn: int | None = None
     left: int | None = None
     holder: str | None = None
+    undoes: tuple[tuple[str | None, int | None], ...] = ()
 
     def as_dict(self) -> dict:
         return {"state": self.state, "turn": self.turn, "left": self.left,
-                "holder": self.holder}
+                "holder": self.holder,
+                "undoes": [{"session": s, "turn": t} for s, t in self.undoes]}
 
 
 def own_files(nodes: list[Node], session: str) -> OwnFiles:
@@ -145,10 +150,13 @@ def own_files(nodes: list[Node], session: str) -> OwnFiles:
                if n.epoch.kind in ("rewind", "redo") and n.epoch.id > last.id
                and _at_or_below(parent_of, n.parent, last.id)]
     by_id = {n.epoch.id: n.epoch for n in nodes}
-    holder = next((by_id[s].session for s in _up(parent_of, now) if by_id[s].kind == "turn"),
-                  None)
-    return OwnFiles("away", turn=last.turn, left=leaving[-1] if leaving else None,
-                    holder=holder)
+    turns_now = [by_id[s] for s in _up(parent_of, now) if by_id[s].kind == "turn"]
+    holder = turns_now[0].session if turns_now else None
+    if not leaving:
+        return OwnFiles("away", turn=last.turn, holder=holder)
+    kept = set(_up(parent_of, parent_of[leaving[-1]]))   # the state that point restores
+    undoes = tuple((e.session, e.turn) for e in turns_now if e.id not in kept)
+    return OwnFiles("away", turn=last.turn, left=leaving[-1], holder=holder, undoes=undoes)
 
 
 def _up(parent_of: dict[int, int | None], state: int | None):

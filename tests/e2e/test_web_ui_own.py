@@ -8,9 +8,15 @@ turn typed there ran against the fork's files.  Now that session's header says s
 ("⚠ not this session's files") and offers "↻ back to this session's files" (`/rewind
 own`): the files are turn 2's again, the
 marks change places, and its "↻ undo rewind" (`/redo`) puts the fork's files back.
+What the fork's turn left running (here a `cmd &` held at a gate, then writing into
+the workspace) is stopped first, as a ↺ rewind stops the work of the turns it removes:
+its late write must not land in the files just put back.
 """
 
 from __future__ import annotations
+
+import os
+import time
 
 import pytest
 
@@ -22,11 +28,18 @@ pytestmark = pytest.mark.e2e
 
 TITLE = "own files"
 P1, P2, P3 = "turn one: start the notes", "turn two: the parent's work", "turn three: the fork's own work"
-TURNS = {
-    P1: [{"tool_calls": [bash("echo one > notes.txt")]}, {"content": "one done"}],
-    P2: [{"tool_calls": [bash("echo parent >> notes.txt && echo p > parent.txt")]}, {"content": "two done"}],
-    P3: [{"tool_calls": [bash("echo fork >> notes.txt && echo f > fork.txt")]}, {"content": "three done"}],
-}
+
+
+def turns(tmp) -> dict:
+    gate = tmp / "gate"
+    late = f"(echo $BASHPID > {tmp}/late.pid; while [ ! -e {gate} ]; do sleep 0.05; done; " \
+           "echo late > late.txt) >/dev/null 2>&1 &"
+    return {
+        P1: [{"tool_calls": [bash("echo one > notes.txt")]}, {"content": "one done"}],
+        P2: [{"tool_calls": [bash("echo parent >> notes.txt && echo p > parent.txt")]}, {"content": "two done"}],
+        P3: [{"tool_calls": [bash("echo fork >> notes.txt && echo f > fork.txt"), bash(late)]},
+             {"content": "three done"}],
+    }
 UNDO = '[aria-label="undo the rewind that landed here"]'
 OWN = '''[aria-label="back to this session's files"]'''
 LANDED = '[data-rewindfs="landed"]'
@@ -37,11 +50,19 @@ UNMARKED_ROW = f'{SESSIONS} [role="treeitem"][class*="sessionRow"]:not(:has-text
 
 
 def test_a_session_rewound_away_gets_its_own_files_back(tmp_path, capsys):
-    with web_ui(tmp_path, capsys, TITLE, mount=True, turns=TURNS) as (page, _, dsh):
-        run_flow(page, dsh, tmp_path / "ws")
+    with web_ui(tmp_path, capsys, TITLE, mount=True, turns=turns(tmp_path)) as (page, _, dsh):
+        run_flow(page, dsh, tmp_path / "ws", tmp_path)
 
 
-def run_flow(page, dsh, ws):
+def exited(pid_file, timeout=20.0) -> bool:
+    pid = int(pid_file.read_text())
+    deadline = time.monotonic() + timeout
+    while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not os.path.exists(f"/proc/{pid}")
+
+
+def run_flow(page, dsh, ws, tmp):
     send(page, P1)
     page.do("wait", target="text=one done")
     send(page, P2)
@@ -73,6 +94,10 @@ def run_flow(page, dsh, ws):
     page.shot("2-back-offered")
     page.do("dblclick", target=OWN)                      # one /rewind own, not two
     page.do("wait", target="text=rewindfs: this session's own files are back")
+    # the fork's `cmd &` was stopped before the files came back: its write never lands
+    page.do("wait", target=f"text=rewindfs: stopped 1 background job started in turn 2 of session {fork}")
+    (tmp / "gate").touch()
+    assert exited(tmp / "late.pid")
     assert compare(parents_files, snapshot(ws)) == []
     # the fork's turn was undone in the files, and the header says so (its "↻ undo
     # rewind" puts them back)

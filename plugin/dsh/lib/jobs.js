@@ -268,13 +268,13 @@ export const JOB_SETTLE_MS = 15_000;
  * Stop everything turns >= `fromTurn` of `agent`'s session left running: the
  * harness's jobs first (their kill also suppresses the completion notice), then
  * every process group tagged with such a turn.  Never throws.
- * @param {{jobs?: object, agent: object, fromTurn: number, proc?: string, graceMs?: number, settleMs?: number}} options
+ * @param {{jobs?: object, agent: object, fromTurn: number, proc?: string, graceMs?: number, settleMs?: number, reason?: string}} options
  * @returns {Promise<{stopped: {turn?: number, command: string, job?: string, pgid?: number}[],
  *   problems: string[]}>} what was stopped, and why anything could not be (empty: all clear).
  */
-export async function stopWorkOfTurns({ jobs, agent, fromTurn, proc = '/proc', graceMs = GRACE_MS, settleMs = JOB_SETTLE_MS }) {
+export async function stopWorkOfTurns({ jobs, agent, fromTurn, proc = '/proc', graceMs = GRACE_MS, settleMs = JOB_SETTLE_MS,
+  reason = `rewindfs: /rewind ${fromTurn} removes the turn that started this job` }) {
   const events = agent.session?.events ?? [];
-  const reason = `rewindfs: /rewind ${fromTurn} removes the turn that started this job`;
   const fromJobs = await stopRegistryJobs(jobs, agent, events, fromTurn, reason, settleMs);
   const fromTags = await stopTaggedGroups(agent.id, events, fromTurn, proc, graceMs);
   return { stopped: [...fromJobs.stopped, ...fromTags.stopped], problems: [...fromJobs.problems, ...fromTags.problems] };

@@ -512,15 +512,48 @@ export class RewindfsService {
       if (where.state === 'none') return refuse('no-own-files', `session ${agent.id} ran no turn of its own in this workspace: it has no files of its own to go back to`);
       if (where.state === 'here') return refuse('files-here', `the workspace holds this session's files already (turn ${where.turn} and what came after it)`);
       if (where.left == null) return refuse('no-own-files', `no point holds the files of this session's turn ${where.turn} any more (rewindfs gc dropped the rewind that left them)`);
+      // as a ↺ rewind does: nothing the undone turns left running may write into the
+      // files put back, and a writer that cannot be stopped refuses with nothing changed
+      const work = await this.stopUndoneWork(where.undoes ?? [], agent.id);
+      if (!work.ok) return work;
+      const stopped = work.value.stopped;
       try {
         const { result } = await this.rpc(cwd, 'rewind', { to: `e${where.left}`, session: agent.id, undo_for: agent.id });
         await this.remark(agent, where.holder == null || where.holder === agent.id ? [] : [where.holder]);
-        this.noteLanded(agent.id, { ...result, turn: where.turn, stopped: [] });
-        return ok({ ...result, session: agent.id, left: where.left, turn: where.turn, ...(where.holder == null ? {} : { from: where.holder }) });
+        this.noteLanded(agent.id, { ...result, turn: where.turn, stopped });
+        return ok({ ...result, session: agent.id, left: where.left, turn: where.turn, stopped, ...(where.holder == null ? {} : { from: where.holder }) });
       } catch (error) {
-        return refuseWith(error);
+        return refuseWith(error, `${error.message} (the files were not rewound)${stoppedNote(stopped)}`);
       }
     });
+  }
+
+  /**
+   * Stop what the turns `undoes` (`[{session, turn}]`, the daemon's `own.state`) left
+   * running, for each session but `self`: its work from its oldest undone turn on, as
+   * `stopTurnWork` does for a ↺ rewind.  A session that is not attached here is
+   * reached by its processes' turn tags alone.  Each stopped entry names its session.
+   * @returns {Promise<{ok: true, value: {stopped: object[]}} | {ok: false, refusal: object}>}
+   */
+  async stopUndoneWork(undoes, self) {
+    const oldest = new Map();
+    for (const { session, turn } of undoes) {
+      if (session == null || session === self || !Number.isInteger(turn)) continue;
+      oldest.set(session, Math.min(turn, oldest.get(session) ?? turn));
+    }
+    const stopped = [];
+    const problems = [];
+    for (const [id, fromTurn] of oldest) {
+      const agent = this.ctx.get('agents')?.get(id) ?? { id, session: this.sessionNamed(id) };
+      const reason = `rewindfs: /rewind own in session ${self} undoes turn ${fromTurn} of session ${id}, which started this job`;
+      const found = await stopWorkOfTurns({ jobs: this.ctx.get('jobs'), agent, fromTurn, reason });
+      stopped.push(...found.stopped.map((s) => ({ ...s, session: id })));
+      problems.push(...found.problems);
+    }
+    for (const s of stopped) debug(`stopped ${s.job ?? `process group ${s.pgid}`} of turn ${s.turn} of ${s.session}: ${s.command}`);
+    if (problems.length === 0) return ok({ stopped });
+    const already = stopped.length > 0 ? ` (stopped meanwhile: ${stopped.map((s) => s.job ?? `process group ${s.pgid}`).join(', ')})` : '';
+    return refuse('job-unstoppable', `${problems.join('; ')}; the files were not rewound${already}`);
   }
 
   /**

@@ -27,6 +27,15 @@ test('/rewind own parses, takes no arguments, and its reply says how to undo it'
   ]);
 });
 
+test("/rewind own's reply names the other session's work it stopped", () => {
+  const text = renderOwn({ turn: 2, left: 4, from: 'c', written: 1, created: 0, deleted: 0,
+    stopped: [{ turn: 2, command: 'npm run dev', pgid: 4242, session: 'c' }] });
+  assert.deepEqual(text.split('\n').slice(2), [
+    'rewindfs: stopped 1 background job started in turn 2 of session c: npm run dev (process group 4242)',
+    'rewindfs: /redo restores files only; it cannot restart that job.',
+  ]);
+});
+
 function serviceWith(path, titles) {
   const sessions = new Map(['p', 'c'].map((id) => [id, { id, header: { id } }]));
   const ctx = {
