@@ -39,8 +39,14 @@ __all__ = ["Output", "build_parser", "main"]
 
 
 class _Parser(argparse.ArgumentParser):
+    commands = None     # the action add_subparsers returned: ``rewindfs help`` walks it
+
     def error(self, message):
         raise UsageError(f"{message} (see {self.prog} --help)")
+
+    def add_subparsers(self, **kwargs):
+        self.commands = super().add_subparsers(**kwargs)
+        return self.commands
 
 
 class Output:
@@ -175,10 +181,8 @@ def _help(args, out) -> int:
 
 def _subcommands(parser) -> dict:
     """The commands under *parser* (``{}`` for a leaf)."""
-    for action in parser._actions:      # argparse keeps them nowhere public
-        if isinstance(action, argparse._SubParsersAction):
-            return {name: p for name, p in action.choices.items()}
-    return {}
+    commands = getattr(parser, "commands", None)
+    return {} if commands is None else dict(commands.choices)
 
 
 def main(argv=None) -> int:
