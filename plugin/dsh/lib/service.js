@@ -603,7 +603,12 @@ export class RewindfsService {
       // /redo here brings them back, the header offers /rewind own instead.  Only then:
       // the history of a long-lived workspace is megabytes (20,000 epochs: 181 ms to
       // build in the daemon), and the header asks on every new transcript row.
-      const own = canRedo || !this.isMarked(id) ? NO_OWN : await this.ownFilesOf(id);
+      const marked = this.isMarked(id);
+      const own = canRedo || !marked ? NO_OWN : await this.ownFilesOf(id);
+      // a mark this process could not move when the files came back (the session was
+      // not attached then: another server process, or before a restart) goes when the
+      // session is looked at
+      if (own.state === 'here') this.retitle(this.sessionNamed(id), unmarkedTitle);
       const back = own.left == null ? undefined : { left: own.left, ...(own.holder == null ? {} : { from: own.holder }) };
       return ok({ session: id, canRedo, ...(result.rewind == null ? {} : { rewind: result.rewind }), ...(result.reason == null ? {} : { reason: result.reason }), ...(notice === undefined ? {} : { landed: notice }), ...(back === undefined ? {} : { own: back }) });
     } catch (error) {

@@ -125,3 +125,18 @@ test('/redo with nothing to redo in a session rewound away points at /rewind own
     assert.deepEqual((await service.redoState('p')).value.own, { left: 4, from: 'c' });
   });
 });
+
+test('a ↩ mark left behind while the session was not attached goes when it is looked at', async () => {
+  const daemon = async (req) => {
+    if (req.method === 'own.state') return { sessions: { p: here(2) } };
+    if (req.method === 'redo.state') return { can_redo: false, rewind: null, reason: 'nothing to redo' };
+    return {};
+  };
+  await scripted(daemon, async (path) => {
+    const titles = new Map([['p', '↩ work']]);
+    const service = serviceWith(path, titles);
+    const state = (await service.redoState('p')).value;
+    assert.equal(state.own, undefined);
+    assert.equal(titles.get('p'), 'work');
+  });
+});
