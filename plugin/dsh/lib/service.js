@@ -601,8 +601,8 @@ export class RewindfsService {
       const notice = canRedo && landed?.rewind === result.rewind ? landed.notice : undefined;
       // where a rewind took this session's own files away (its title is marked) and no
       // /redo here brings them back, the header offers /rewind own instead.  Only then:
-      // the history of a long-lived workspace is megabytes (20,000 epochs: 181 ms to
-      // build in the daemon), and the header asks on every new transcript row.
+      // own.state decodes every epoch of the workspace (20,000 turns: ~0.35 s in the
+      // daemon), and the header asks on every new transcript row.
       const marked = this.isMarked(id);
       const own = canRedo || !marked ? NO_OWN : await this.ownFilesOf(id);
       // a mark this process could not move when the files came back (the session was
