@@ -312,8 +312,9 @@ class Store:
     def own_files(self, ws, sessions: list[str]) -> dict[str, _tree.OwnFiles]:
         """Where each session's own files are (``_tree.own_files``); one read of the
         tree for them all."""
-        nodes = self.history(ws)
-        return {s: _tree.own_files(nodes, s) for s in sessions}
+        epochs = self.epochs(ws)
+        parent_of = _tree.parents(epochs)
+        return {s: _tree.own_files(epochs, parent_of, s) for s in sessions}
 
     def points(self, ws, session: str | None = None) -> list[_epoch.Epoch]:
         """The epochs a user can rewind to: all of the workspace's, or those of

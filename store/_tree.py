@@ -136,27 +136,33 @@ class OwnFiles:
                 "undoes": [{"session": s, "turn": t} for s, t in self.undoes]}
 
 
-def own_files(nodes: list[Node], session: str) -> OwnFiles:
-    """Where ``session``'s own files are in the tree ``nodes`` (``build``'s, id order)."""
-    own = [n for n in nodes if n.epoch.kind == "turn" and n.epoch.session == session]
+def own_files(epochs: list[Epoch], parent_of: dict[int, int | None],
+              session: str) -> OwnFiles:
+    """Where ``session``'s own files are: ``epochs`` one workspace's in id order,
+    ``parent_of`` their parents (``parents``).  One pass over the epochs after its
+    newest turn, plus walks up from the state now."""
+    own = [e for e in epochs if e.kind == "turn" and e.session == session]
     if not own:
         return OwnFiles("none")
-    last = own[-1].epoch
-    parent_of = {n.epoch.id: n.parent for n in nodes}
-    now = _anchor_after(nodes[-1].epoch, parent_of)      # the state the next point hangs under
-    if _at_or_below(parent_of, now, last.id):
+    last = own[-1]
+    below = {last.id}       # the states at or below it: a parent always precedes its child
+    leaving = None          # the newest rewind or redo that started from one of them
+    for e in epochs:
+        if e.id > last.id and parent_of[e.id] in below:
+            below.add(e.id)
+            if e.kind in ("rewind", "redo"):
+                leaving = e.id
+    now = _anchor_after(epochs[-1], parent_of)      # the state the next point hangs under
+    if now in below:
         return OwnFiles("here", turn=last.turn)
-    leaving = [n.epoch.id for n in nodes
-               if n.epoch.kind in ("rewind", "redo") and n.epoch.id > last.id
-               and _at_or_below(parent_of, n.parent, last.id)]
-    by_id = {n.epoch.id: n.epoch for n in nodes}
+    by_id = {e.id: e for e in epochs}
     turns_now = [by_id[s] for s in _up(parent_of, now) if by_id[s].kind == "turn"]
     holder = turns_now[0].session if turns_now else None
-    if not leaving:
+    if leaving is None:
         return OwnFiles("away", turn=last.turn, holder=holder)
-    kept = set(_up(parent_of, parent_of[leaving[-1]]))   # the state that point restores
+    kept = set(_up(parent_of, parent_of[leaving]))   # the state that point restores
     undoes = tuple((e.session, e.turn) for e in turns_now if e.id not in kept)
-    return OwnFiles("away", turn=last.turn, left=leaving[-1], holder=holder, undoes=undoes)
+    return OwnFiles("away", turn=last.turn, left=leaving, holder=holder, undoes=undoes)
 
 
 def _up(parent_of: dict[int, int | None], state: int | None):
@@ -164,7 +170,3 @@ def _up(parent_of: dict[int, int | None], state: int | None):
     while state is not None and state in parent_of:
         yield state
         state = parent_of[state]
-
-
-def _at_or_below(parent_of: dict[int, int | None], state: int | None, ancestor: int) -> bool:
-    return any(s == ancestor for s in _up(parent_of, state))

@@ -8,6 +8,8 @@ session p ran turns 1 and 2, ↺ on turn 2 landed in fork c, c ran its own turn 
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from rewindfs.overlay.control.history import own_state_sync
@@ -101,3 +103,75 @@ def test_bad_params_are_refused(store, ws, params):
     with pytest.raises(BadParams) as exc:
         own_state_sync(_Host(store, ws), params)
     assert exc.value.code == "bad-params" and "sessions" in exc.value.message
+
+
+def _random_history(store, ws, rng, numbers):
+    """Turns of three sessions (numbered on from ``numbers``), turn ends, rewinds to any
+    earlier point and redos of any rewind, as the daemon would file them (a rewind
+    opens its epoch and ends it)."""
+    for _ in range(rng.randint(5, 40)):
+        epochs = store.epochs(ws)
+        roll = rng.random()
+        if roll < 0.55 or not epochs:
+            s = rng.choice("pqc")
+            numbers[s] += 1
+            store.begin_turn(ws, s, numbers[s], "t", force=True)
+            if rng.random() < 0.5:
+                store.end_turn(ws)
+        elif roll < 0.85:
+            store.end_turn(ws) if store.open_turn(ws) else None
+            rewind(store, ws, rng.choice(epochs).id, rng.choice("pqc"))
+        else:
+            rewinds = [e for e in epochs if e.kind == "rewind"]
+            if rewinds:
+                store.end_turn(ws) if store.open_turn(ws) else None
+                rewind(store, ws, rng.choice(rewinds).id, rng.choice("pqc"), kind="redo")
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_a_rewind_to_the_point_named_puts_the_files_back_and_undoes_what_it_names(
+        store, tmp_path, seed):
+    """Whatever the history: when a session's files are away at point e<left>, a
+    rewind there makes them here, and the turns it took out of the workspace are
+    exactly ``undoes`` (the turns above the state before and not above the state
+    after, as the history tree draws them)."""
+    rng = random.Random(seed)
+    root = tmp_path / f"ws{seed}"
+    root.mkdir()
+    ws = store.workspace(bytes(root))
+    numbers = {"p": 0, "q": 0, "c": 0}
+    for _ in range(20):             # until some session's files are away at a point
+        _random_history(store, ws, rng, numbers)
+        away = [s for s in "pqc" if where(store, ws, s)["left"] is not None]
+        if away:
+            break
+    assert away, f"seed {seed}: no history with files away"
+    for s in away[:1]:
+        before = where(store, ws, s)
+        above_before = _turns_above_now(store, ws)
+        if store.open_turn(ws):
+            store.end_turn(ws)
+        rewind(store, ws, before["left"], s)
+        assert where(store, ws, s)["state"] == "here", (seed, s, before)
+        above_after = _turns_above_now(store, ws)
+        gone = [t for t in above_before if t not in above_after]
+        assert [(u["session"], u["turn"]) for u in before["undoes"]] == gone, (seed, s)
+
+
+def _turns_above_now(store, ws) -> list:
+    """(session, turn) of the turns on the path from the state now up to the root,
+    newest first, read off the history tree's nodes (``history``)."""
+    nodes = {n["epoch"]: n for n in (node.as_dict() for node in store.history(ws))}
+    newest = max(nodes)
+    cur = nodes[newest]
+    if cur["kind"] in ("turn", "idle"):
+        state = newest
+    else:                                    # an open rewind: the state its target found
+        state = nodes[cur["target"]]["parent"] if cur["target"] in nodes else None
+    out = []
+    while state is not None:
+        n = nodes[state]
+        if n["kind"] == "turn":
+            out.append((n["session"], n["turn"]))
+        state = n["parent"]
+    return out
