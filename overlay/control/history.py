@@ -78,9 +78,10 @@ _MAX_OWN_SESSIONS = 256
 
 def own_state_sync(ctx: RewindHost, params: dict) -> dict:
     """``{"sessions": [S, ...]}`` → ``{"sessions": {S: {"state", "turn", "left",
-    "holder"}}}``: ``store._tree.own_files`` for each — ``none`` (no turn of its own
-    here), ``here``, or ``away`` with ``left`` (rewind to ``e<left>`` to put them back;
-    null when no point holds them any more) and ``holder`` (whose files are here)."""
+    "holder", "undoes"}}}``: ``store._tree.own_files`` for each — ``none`` (no turn of
+    its own here), ``here``, or ``away`` with ``left`` (rewind to ``e<left>`` to put
+    them back; null when no point holds them any more), ``holder`` (whose files are
+    here) and ``undoes`` (``[{session, turn}]``: the turns that rewind takes out)."""
     sessions = params.get("sessions")
     if (not isinstance(sessions, list) or not 1 <= len(sessions) <= _MAX_OWN_SESSIONS
             or not all(isinstance(s, str) and s for s in sessions)):
