@@ -297,8 +297,10 @@ export class RewindfsService {
         return refuse('fork-failed', `could not fork session ${agent.id} at turn ${turn}: ${error.message}${stoppedNote(work.value.stopped)}`);
       }
     }
+    let sent = false;
     try {
       await this.rpc(cwd, 'fork', { child: childId, parent: agent.id, boundary_turn: turn });
+      sent = true;
       const { result } = await this.rpc(cwd, 'rewind', { to: `e${epoch}`, session: agent.id, undo_for: childId });
       if (handle !== undefined) {
         await this.ctx.get('sessions')?.flush(handle.agent.session);
@@ -308,9 +310,13 @@ export class RewindfsService {
       this.noteLanded(childId, { ...result, turn, stopped: work.value.stopped });
       return ok({ ...result, turn, target: result.target ?? epoch, parent: agent.id, child: childId, seedLength: cut.cut, forked: !forked, stopped: work.value.stopped, ...(learned === undefined ? {} : { learned }) });
     } catch (error) {
-      if (handle === undefined) return refuseWith(error, `${error.message} (the files were not rewound)`);
-      await handle.dispose().catch(() => {});
-      return refuseWith(error, `${error.message} (the files were not rewound; the forked session ${childId} was discarded)${stoppedNote(work.value.stopped)}`);
+      if (handle !== undefined) await handle.dispose().catch(() => {});
+      const discarded = handle === undefined ? '' : `; the forked session ${childId} was discarded`;
+      if (sent && outcomeUnknown(error)) {
+        // it may land yet (its intent is in the store); it is filed under the child
+        return refuseWith(error, `${error.message}${unknownNote(cwd)}${discarded}; \`rewindfs redo --session ${childId}\` undoes the rewind${stoppedNote(work.value.stopped)}`);
+      }
+      return refuseWith(error, `${error.message} (the files were not rewound${discarded})${stoppedNote(work.value.stopped)}`);
     }
   }
 
@@ -523,7 +529,8 @@ export class RewindfsService {
         this.noteLanded(agent.id, { ...result, turn: where.turn, stopped });
         return ok({ ...result, session: agent.id, left: where.left, turn: where.turn, stopped, ...(where.holder == null ? {} : { from: where.holder }) });
       } catch (error) {
-        return refuseWith(error, `${error.message} (the files were not rewound)${stoppedNote(stopped)}`);
+        const what = outcomeUnknown(error) ? unknownNote(cwd) : ' (the files were not rewound)';
+        return refuseWith(error, `${error.message}${what}${stoppedNote(stopped)}`);
       }
     });
   }
@@ -704,6 +711,20 @@ function withTimeout(promise, ms, message) {
     timer = setTimeout(() => reject(callError('timeout', message)), ms);
   });
   return Promise.race([promise, timeout]).finally(() => clearTimeout(timer));
+}
+
+/**
+ * Whether a rewind call's failure leaves its outcome open: the daemon stopped answering
+ * (it died, or is slow) after the request went out.  A rewind writes its intent before
+ * it lands, so it may have landed in part, and the next mount finishes it.
+ */
+function outcomeUnknown(error) {
+  return ['connection-lost', 'timeout'].includes(codeOf(error));
+}
+
+/** What to say of a rewind whose outcome is open (`outcomeUnknown`). */
+function unknownNote(cwd) {
+  return ` (the daemon did not answer the rewind: the files may be rewound in part, or still landing; if the daemon died, \`rewindfs mount --recover ${cwd}\` finishes the rewind)`;
 }
 
 /** For a refusal after the work of the removed turns was stopped: what was stopped. */

@@ -1,0 +1,90 @@
+"""The daemon killed (``kill -9``, the OOM killer) in the middle of the plugin's
+``/rewind own``: the real plugin service (node) against a real daemon that SIGKILLs
+itself after the first path it lands (``REWINDFS_FAULT_AFTER``).
+
+The rewind left its intent in the store, so ``rewindfs mount --recover`` finishes it:
+the files do come back.  The reply must not say they were not rewound, and must say
+what finishes it.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from dshkit import harness
+from mountkit import cli, mounted
+from relkit import Daemon, background, crashing_daemon
+from treesnap import compare, snapshot
+
+pytestmark = pytest.mark.e2e
+
+SERVICE = (__import__("pathlib").Path(__file__).resolve().parents[2]
+           / "plugin" / "dsh" / "lib" / "service.js")
+
+# rewindOwn of session p, with the plugin's defaults and the test's store; prints its result
+SCRIPT = """
+import { RewindfsService } from %(service)s;
+import { DEFAULTS } from %(config)s;
+const [store, cwd] = process.argv.slice(2);
+const titles = new Map([['p', '↩ work'], ['c', 'work']]);
+const sessions = new Map(['p', 'c'].map((id) => [id, { id, header: { id, cwd } }]));
+const ctx = { get: (name) => ({
+  sessions,
+  sessionTitle: { get: (s) => ({ title: titles.get(s.id) }), rename: (s, t) => titles.set(s.id, t) },
+})[name] };
+const service = new RewindfsService(ctx, { ...DEFAULTS, store }, { warn: () => {} });
+const result = await service.rewindOwn({ id: 'p', session: sessions.get('p') });
+console.log(JSON.stringify({ result, titles: Object.fromEntries(titles) }));
+"""
+
+
+def history(ws, store) -> dict:
+    """p ran turns 1 and 2; a rewind owned by fork c went to the start of p's turn 2;
+    c ran its own turn.  Returns the snapshot of p's files after its turn 2."""
+    with mounted(ws, store) as m:
+        m.call("turn.begin", session="p", turn=1, label="one")
+        (ws / "a.txt").write_text("p1\n")
+        t2 = m.call("turn.begin", session="p", turn=2, label="two")["epoch"]
+        (ws / "a.txt").write_text("p2\n")
+        (ws / "b.txt").write_text("p's\n")
+        (ws / "d").mkdir()
+        (ws / "d" / "e.txt").write_text("p's too\n")
+        m.call("turn.end")
+        mine = snapshot(ws)
+        m.call("rewind", to=f"e{t2}", session="c")
+        m.call("turn.begin", session="c", turn=2, label="the fork's")
+        (ws / "a.txt").write_text("c\n")
+        (ws / "c.txt").write_text("c's\n")
+        m.call("turn.end")
+    return mine
+
+
+def test_a_rewind_own_the_daemon_dies_in_is_finished_by_recover_and_said_so(tmp_path):
+    paths = harness()
+    ws, store = tmp_path / "ws", tmp_path / "store"
+    ws.mkdir()
+    mine = history(ws, store)
+    script = tmp_path / "own.mjs"
+    script.write_text(SCRIPT % {"service": json.dumps(SERVICE.as_uri()),
+                                "config": json.dumps(SERVICE.with_name("config.js").as_uri())})
+    with crashing_daemon(Daemon(ws, store, env={"REWINDFS_FAULT_AFTER": "1"}), ws) as daemon:
+        daemon.start()
+        proc = subprocess.run([paths["NODE_BIN"], str(script), str(store), str(ws)],
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        out = json.loads(proc.stdout.splitlines()[-1])
+        assert daemon.proc.wait(30) != 0                    # it did die mid-landing
+    refusal = out["result"]["refusal"]
+    assert not out["result"]["ok"] and refusal["code"] == "connection-lost", refusal
+    assert "were not rewound" not in refusal["message"], refusal["message"]
+    assert "rewindfs mount --recover" in refusal["message"], refusal["message"]
+    assert out["titles"] == {"p": "↩ work", "c": "work"}     # nothing known: marks stay
+
+    # what the reply says finishes it does: p's files, exactly
+    with background(ws, store, recover=True):
+        assert compare(mine, snapshot(ws)) == []
+        res = cli("fsck", store=store)
+        assert res.returncode == 0, res.stdout + res.stderr
