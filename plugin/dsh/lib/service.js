@@ -463,11 +463,11 @@ export class RewindfsService {
    * The ↩ marks after a rewind or redo in `agent`'s session, from where each session's
    * own files now are (the daemon's `own.state`): a marked session of this workspace
    * whose files are back loses its mark; `agent`'s session, and the sessions in
-   * `others`, gain one when theirs are away.  Where the daemon cannot say, the fork's
-   * parent is unmarked (a redo of a rewind into a fork brought its files back).
-   * Never throws.
+   * `others`, gain one when theirs are away.  Where the daemon cannot say, `unknown()`
+   * runs instead: after a redo, the fork's parent is unmarked (a redo of a rewind into
+   * a fork brought its files back).  Never throws.
    */
-  async remark(agent, others = []) {
+  async remark(agent, others = [], unknown = () => this.unmarkParent(agent.session)) {
     const cwd = this.cwdOf(agent);
     const marked = this.attached().filter(([id, session]) => id !== agent.id && this.isMarked(id) && this.cwdOf({ session }) === cwd);
     const mayMark = new Map([[agent.id, agent.session], ...others.map((id) => [id, this.sessionNamed(id)])]);
@@ -476,7 +476,7 @@ export class RewindfsService {
       states = await this.ownStates(cwd, [...new Set([...mayMark.keys(), ...marked.map(([id]) => id)])]);
     } catch (error) {
       debug(`no own-files state for the ↩ marks: ${error.message}`);
-      this.unmarkParent(agent.session);
+      unknown();
       return;
     }
     for (const [id, session] of marked) if (states[id]?.state === 'here') this.retitle(session, unmarkedTitle);
@@ -525,7 +525,9 @@ export class RewindfsService {
       const stopped = work.value.stopped;
       try {
         const { result } = await this.rpc(cwd, 'rewind', { to: `e${where.left}`, session: agent.id, undo_for: agent.id });
-        await this.remark(agent, where.holder == null || where.holder === agent.id ? [] : [where.holder]);
+        // its own files are back whatever the daemon can say next: its mark goes
+        await this.remark(agent, where.holder == null || where.holder === agent.id ? [] : [where.holder],
+          () => this.retitle(agent.session, unmarkedTitle));
         this.noteLanded(agent.id, { ...result, turn: where.turn, stopped });
         return ok({ ...result, session: agent.id, left: where.left, turn: where.turn, stopped, ...(where.holder == null ? {} : { from: where.holder }) });
       } catch (error) {

@@ -140,3 +140,22 @@ test('a ↩ mark left behind while the session was not attached goes when it is 
     assert.equal(titles.get('p'), 'work');
   });
 });
+
+test('/rewind own takes its own mark off even when the daemon cannot say where files are after it', async () => {
+  let asked = 0;
+  const daemon = async (req) => {
+    if (req.method === 'own.state') {
+      asked += 1;
+      return asked === 1 ? { sessions: { p: away(2, 4, 'c') } } : { error: { code: 'internal', message: 'gone wrong' } };
+    }
+    if (req.method === 'rewind') return { epoch: 6, written: 1, created: 0, deleted: 0, foreign: [] };
+    return {};
+  };
+  await scripted(daemon, async (path) => {
+    const titles = new Map([['p', '↩ work'], ['c', 'work']]);
+    const service = serviceWith(path, titles);
+    const r = await service.rewindOwn({ id: 'p', session: service.sessionNamed('p') });
+    assert.ok(r.ok, JSON.stringify(r));
+    assert.equal(titles.get('p'), 'work');
+  });
+});
