@@ -63,6 +63,14 @@ class Inode:
         a new entry of another kind before the old name was processed."""
         return (st.st_dev, st.st_ino) == self.key and stat.S_ISDIR(st.st_mode) == self.is_dir
 
+    def changed_behind(self) -> None:
+        """The real inode changed behind the kernel and the handlers (a rewind landed on
+        it): what they remember of it — captures, the kernel's pushed mtime, "no
+        capability xattr" — no longer holds."""
+        self.seen = None
+        self.nocaps = False
+        self.kernel_mtime_ns = None
+
     @property
     def path(self) -> bytes | None:
         return next(iter(self.paths), None)

@@ -1231,9 +1231,7 @@ class RewindOperations(pyfuse3.Operations):
         if node is not None:
             if st is None or not node.names(st):
                 self.table.unbind(relpath, gone=len(node.paths) <= 1)
-            node.seen = None
-            node.nocaps = False
-            node.kernel_mtime_ns = None     # the real times changed behind the kernel
+            node.changed_behind()
             self.notifier.inode(node.ino)
         twin = self.table.by_key.get(_key_of(st)) if st is not None else None
         if twin is not None and (twin is not node or len(twin.paths) > 1):
@@ -1241,9 +1239,7 @@ class RewindOperations(pyfuse3.Operations):
             # mode, link count) changed with this one.  Those entries go too: with
             # the writeback cache the kernel keeps a cached inode's mtime over what
             # getattr says, and an inode no entry (or open file) holds is dropped.
-            twin.seen = None
-            twin.nocaps = False
-            twin.kernel_mtime_ns = None
+            twin.changed_behind()
             if twin is not node:
                 self.notifier.inode(twin.ino)
             for other in [p for p in twin.paths if p != relpath]:
