@@ -1,16 +1,20 @@
-"""The daemon killed (``kill -9``, the OOM killer) in the middle of the plugin's
-``/rewind own``: the real plugin service (node) against a real daemon that SIGKILLs
-itself after the first path it lands (``REWINDFS_FAULT_AFTER``).
+"""``/rewind own`` interrupted, with the real plugin service (node) against a real daemon.
 
-The rewind left its intent in the store, so ``rewindfs mount --recover`` finishes it:
-the files do come back.  The reply must not say they were not rewound, and must say
-what finishes it.
+- The daemon killed (``kill -9``, the OOM killer) after the first path it lands
+  (``REWINDFS_FAULT_AFTER``): the rewind left its intent in the store, so ``rewindfs
+  mount --recover`` finishes it and the files do come back.  The reply must not say
+  they were not rewound, and must say what finishes it.
+- The web server stopped with Ctrl-C while the daemon lands (``REWINDFS_PAUSE_AFTER``
+  holds the landing): the daemon finishes the rewind alone; the ↩ mark the dead
+  server could not take off goes when the session's header asks next.
 """
 
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
+import time
 
 import pytest
 
@@ -40,6 +44,11 @@ const result = await service.rewindOwn({ id: 'p', session: sessions.get('p') });
 console.log(JSON.stringify({ result, titles: Object.fromEntries(titles) }));
 """
 
+# the same service, later: what session p's header asks (its redo state)
+HEADER = SCRIPT.replace(
+    "const result = await service.rewindOwn({ id: 'p', session: sessions.get('p') });",
+    "const result = await service.redoState('p');")
+
 
 def history(ws, store) -> dict:
     """p ran turns 1 and 2; a rewind owned by fork c went to the start of p's turn 2;
@@ -62,14 +71,22 @@ def history(ws, store) -> dict:
     return mine
 
 
+def scripts(tmp_path) -> dict:
+    where = {"service": json.dumps(SERVICE.as_uri()),
+             "config": json.dumps(SERVICE.with_name("config.js").as_uri())}
+    out = {}
+    for name, text in (("own", SCRIPT), ("header", HEADER)):
+        out[name] = tmp_path / f"{name}.mjs"
+        out[name].write_text(text % where)
+    return out
+
+
 def test_a_rewind_own_the_daemon_dies_in_is_finished_by_recover_and_said_so(tmp_path):
     paths = harness()
     ws, store = tmp_path / "ws", tmp_path / "store"
     ws.mkdir()
     mine = history(ws, store)
-    script = tmp_path / "own.mjs"
-    script.write_text(SCRIPT % {"service": json.dumps(SERVICE.as_uri()),
-                                "config": json.dumps(SERVICE.with_name("config.js").as_uri())})
+    script = scripts(tmp_path)["own"]
     with crashing_daemon(Daemon(ws, store, env={"REWINDFS_FAULT_AFTER": "1"}), ws) as daemon:
         daemon.start()
         proc = subprocess.run([paths["NODE_BIN"], str(script), str(store), str(ws)],
@@ -88,3 +105,33 @@ def test_a_rewind_own_the_daemon_dies_in_is_finished_by_recover_and_said_so(tmp_
         assert compare(mine, snapshot(ws)) == []
         res = cli("fsck", store=store)
         assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_ctrl_c_of_the_server_in_a_rewind_own_leaves_the_files_landed_and_the_mark_goes(
+        tmp_path):
+    paths = harness()
+    ws, store, pause = tmp_path / "ws", tmp_path / "store", tmp_path / "pause"
+    ws.mkdir()
+    mine = history(ws, store)
+    run = scripts(tmp_path)
+    env = {"REWINDFS_PAUSE_AFTER": "1", "REWINDFS_PAUSE_FILE": str(pause)}
+    with crashing_daemon(Daemon(ws, store, env=env), ws) as daemon:
+        daemon.start()
+        server = subprocess.Popen([paths["NODE_BIN"], str(run["own"]), str(store), str(ws)],
+                                  stdout=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 60
+        while not pause.exists():                  # the landing holds after one path
+            assert time.monotonic() < deadline and server.poll() is None
+            time.sleep(0.02)
+        server.send_signal(signal.SIGINT)
+        assert server.wait(30) != 0                # gone before any reply
+        pause.unlink()
+        while compare(mine, snapshot(ws)) != []:   # the daemon lands the rest alone
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        proc = subprocess.run([paths["NODE_BIN"], str(run["header"]), str(store), str(ws)],
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        out = json.loads(proc.stdout.splitlines()[-1])
+        assert out["result"]["value"]["canRedo"] is True, out   # its /redo gives c's back
+        assert out["titles"]["p"] == "work", out                 # the ↩ mark went

@@ -609,16 +609,16 @@ export class RewindfsService {
       const landed = this.landedIn.get(id);
       const notice = canRedo && landed?.rewind === result.rewind ? landed.notice : undefined;
       // where a rewind took this session's own files away (its title is marked) and no
-      // /redo here brings them back, the header offers /rewind own instead.  Only then:
-      // own.state decodes every epoch of the workspace (20,000 turns: ~0.35 s in the
+      // /redo here brings them back, the header offers /rewind own instead.  Asked for
+      // marked sessions only:
+      // own.state decodes every epoch of the workspace (20,000 turns: ~0.23 s in the
       // daemon), and the header asks on every new transcript row.
-      const marked = this.isMarked(id);
-      const own = canRedo || !marked ? NO_OWN : await this.ownFilesOf(id);
+      const own = this.isMarked(id) ? await this.ownFilesOf(id) : NO_OWN;
       // a mark this process could not move when the files came back (the session was
-      // not attached then: another server process, or before a restart) goes when the
-      // session is looked at
+      // not attached then, the server was stopped in the middle of the command) goes
+      // when the session is looked at
       if (own.state === 'here') this.retitle(this.sessionNamed(id), unmarkedTitle);
-      const back = own.left == null ? undefined : { left: own.left, ...(own.holder == null ? {} : { from: own.holder }) };
+      const back = canRedo || own.left == null ? undefined : { left: own.left, ...(own.holder == null ? {} : { from: own.holder }) };
       return ok({ session: id, canRedo, ...(result.rewind == null ? {} : { rewind: result.rewind }), ...(result.reason == null ? {} : { reason: result.reason }), ...(notice === undefined ? {} : { landed: notice }), ...(back === undefined ? {} : { own: back }) });
     } catch (error) {
       return ok({ session: id, canRedo: false, reason: `${codeOf(error)}: ${error.message}` });
