@@ -5,10 +5,19 @@ transaction that creates the epoch, so ids strictly increase across the whole st
 even with several processes writing.  A workspace's newest epoch is always its open
 one (``ended_ns is None``); every other epoch is closed.  Opening an epoch closes the
 previous one in the same transaction.
+
+Every write here but a capture's counters (``add_counts``, on the open epoch) and every
+removal (``delete``) renews the workspace's token ``meta/epochs\\0<ws>`` in the same
+transaction.  So while the token is unchanged the workspace's epochs are the same
+records but for the newest one's counters, which is what lets ``all_of`` answer from
+its memo after one read of the token and one of the newest epoch — a UI asks on every
+render, and decoding 40,000 epochs took ~0.2 s (docs/benchmarks.md).  No module writes
+the ``epochs`` or ``ws_epochs`` databases but this one.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, replace
 
@@ -21,7 +30,7 @@ from ._errors import UnknownPoint
 KINDS = ("turn", "idle", "rewind", "redo")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Epoch:
     id: int
     workspace: int
@@ -113,9 +122,35 @@ def _named(epoch_id):
 
 
 def put(txn, db, e: Epoch) -> None:
+    _write(txn, db, e)
+    _renew_token(txn, db, e.workspace)
+
+
+def _write(txn, db, e: Epoch) -> None:
     raw = _encode(e)
     txn.put(S.u64(e.id), raw, db=db["epochs"])
     _remember(e, raw)
+
+
+def add_to_index(txn, db, e: Epoch) -> None:
+    """Name ``e`` in its workspace's epoch list (``ws_epochs``)."""
+    key = S.ws_epoch_key(e.workspace, e.id)
+    txn.put(key, S.seal(key, b""), db=db["ws_epochs"])
+    _renew_token(txn, db, e.workspace)
+
+
+def delete(txn, db, e: Epoch) -> None:
+    """Remove ``e``'s record and its place in the workspace's list."""
+    txn.delete(S.ws_epoch_key(e.workspace, e.id), db=db["ws_epochs"])
+    txn.delete(S.u64(e.id), db=db["epochs"])
+    _renew_token(txn, db, e.workspace)
+
+
+def _renew_token(txn, db, ws: int) -> None:
+    # random, not a counter: a write transaction that aborts after renewing it may
+    # leave its number in a memo, and a counter would hand the next one the same
+    key = S.epochs_token_key(ws)
+    txn.put(key, S.dump(key, os.urandom(8)), db=db["meta"])
 
 
 def last(txn, db, ws: int) -> Epoch | None:
@@ -157,8 +192,23 @@ def ids_of(txn, db, ws: int):
 
 def all_of(txn, db, ws: int) -> list[Epoch]:
     """Every epoch of ``ws``, by id.  An index key whose epoch record is gone (damage
-    that fsck reports, see ``_check``) is skipped, so callers never see ``None``."""
-    return [e for e in (get(txn, db, eid) for eid in ids_of(txn, db, ws)) if e is not None]
+    that fsck reports, see ``_check``) is skipped, so callers never see ``None``.
+    Answered from the memo of ``db`` while the workspace's token is the one it was
+    made under (module docstring), with the newest epoch read again."""
+    token = txn.get(S.epochs_token_key(ws), db=db["meta"])
+    memo = getattr(db, "memo", None)
+    hit = None if memo is None or token is None else memo.get(("epochs", ws))
+    if hit is not None and hit[0] == token:
+        epochs = list(hit[1])
+        newest = get(txn, db, epochs[-1].id) if epochs else None
+        if newest is not None or not epochs:
+            if epochs:
+                epochs[-1] = newest
+            return epochs
+    epochs = [e for e in (get(txn, db, eid) for eid in ids_of(txn, db, ws)) if e is not None]
+    if memo is not None and token is not None:
+        memo[("epochs", ws)] = (bytes(token), tuple(epochs))
+    return epochs
 
 
 def close(txn, db, e: Epoch) -> Epoch:
@@ -180,8 +230,7 @@ def open_new(txn, db, ws: int, kind: str, *, session=None, turn=None, label="",
     txn.put(b"next_epoch", S.dump(b"next_epoch", eid + 1), db=meta)
     e = Epoch(eid, ws, kind, session, turn, label, time.time_ns(), None, 0, 0, target)
     put(txn, db, e)
-    key = S.ws_epoch_key(ws, eid)
-    txn.put(key, S.seal(key, b""), db=db["ws_epochs"])
+    add_to_index(txn, db, e)
     return e
 
 
@@ -204,5 +253,8 @@ def add_counts(txn, db, e: Epoch, paths: int, nbytes: int) -> None:
     # the constructor, not dataclasses.replace: this runs in every capture's commit,
     # where replace's introspection cost ~3 µs of a ~24 µs Store.record (one absent
     # path, best of 5 runs of 5,000)
-    put(txn, db, Epoch(e.id, e.workspace, e.kind, e.session, e.turn, e.label, e.started_ns,
-                       e.ended_ns, e.paths + paths, e.bytes + nbytes, e.target))
+    # and no new token: the open epoch's counters are the one change all_of reads
+    # again whatever its memo holds
+    _write(txn, db, Epoch(e.id, e.workspace, e.kind, e.session, e.turn, e.label,
+                          e.started_ns, e.ended_ns, e.paths + paths, e.bytes + nbytes,
+                          e.target))

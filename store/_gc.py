@@ -190,8 +190,7 @@ def _over_budget(txn, db, per_ws, doomed, max_bytes) -> list[_epoch.Epoch]:
 
 def _drop_epoch(txn, db, e: _epoch.Epoch, report: GcReport) -> None:
     report.entries_dropped += _journal.delete_epoch(txn, db, e.workspace, e.id)
-    txn.delete(S.ws_epoch_key(e.workspace, e.id), db=db["ws_epochs"])
-    txn.delete(S.u64(e.id), db=db["epochs"])
+    _epoch.delete(txn, db, e)
     if e.kind == "turn" and e.session is not None:
         tkey = S.turn_key(e.workspace, e.session, e.turn)
         raw = txn.get(tkey, db=db["turns"])

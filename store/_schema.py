@@ -17,16 +17,22 @@ payload or file) is verified against the key, the content hash, on every read
 journal entry references.  ``meta/schema`` stays a bare msgpack int so that every
 version can read it and refuse a newer store.
 
-Schema (``SCHEMA_VERSION`` = 5; 2 added ``INLINE_ZSTD``, 3 sealed every value, 4 added
+Schema (``SCHEMA_VERSION`` = 6; 2 added ``INLINE_ZSTD``, 3 sealed every value, 4 added
 the pre-image kinds socket/chardev/blockdev and a pre-image's ``rdev`` — no value
 changes, a version-3 journal value decodes as before; 5 added the epoch kind ``redo``
-— no value changes either; an older store is upgraded in
-place when opened, see ``_upgrade``)::
+— no value changes either; 6 added ``meta/epochs\\0<ws>``, written with every change
+of a workspace's epochs; an older store is upgraded in place when opened, see
+``_upgrade``)::
 
     meta        key: ascii name                      value: msgpack
                   b"schema"      -> int  schema version that wrote the store (unsealed)
                   b"next_epoch"  -> int  next epoch id (allocated inside the write txn)
                   b"next_ws"     -> int  next workspace id
+                  b"epochs\\0" + ws u32
+                                 -> bytes  8 random bytes, new whenever the workspace's
+                                           epoch list changes in any way but the open
+                                           epoch's counters (what ``_epoch.all_of``'s
+                                           memo is checked against; absent: no memo)
     workspaces  key: xxh3_128(real_path) (16 B)      value: [ws_id, real_path]
     ws_paths    key: ws u32                          value: real_path (bytes)
     epochs      key: epoch u64                       value: [ws, kind, session, turn, label,
@@ -89,13 +95,16 @@ import xxhash
 
 from ._errors import IndexCorrupt, SchemaTooNew, StoreError, StoreForeign, StoreReadOnly
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 SEALED_SINCE = 3
 # 4: pre-images of special files (``_preimage.KINDS``).  Nothing to rewrite, but a
 # version-3 program must refuse such a store: it would take a socket's or a device's
 # journal entry for a damaged one.
 # 5: the epoch kind ``redo`` (``_epoch.KINDS``).  Nothing to rewrite; a version-4
 # program must refuse the store: it would take a redo epoch for a damaged record.
+# 6: ``meta/epochs\0<ws>`` (``_epoch``).  Nothing to rewrite (absent: no memo until the
+# next change); a version-5 program must refuse the store: it would change epochs
+# without renewing it, and a memo checked against it would go stale.
 CHECKSUM = 8                      # bytes of xxh3-64 after every sealed value
 UNSEALED = (b"blobs",)            # and meta/schema (see the module docstring)
 
@@ -261,12 +270,29 @@ def ws_epoch_key(ws: int, epoch: int) -> bytes:
     return _U32.pack(ws) + _U64.pack(epoch)
 
 
+def epochs_token_key(ws: int) -> bytes:
+    """``meta/epochs\\0<ws>``: the token of the workspace's epoch list."""
+    return b"epochs\0" + _U32.pack(ws)
+
+
 def turn_key(ws: int, session: str, turn: int) -> bytes:
     return _U32.pack(ws) + session.encode() + b"\0" + _U32.pack(turn)
 
 
+class Handles(dict):
+    """The named databases of one open environment (name → handle), and ``memo``: what
+    a module keeps from one transaction of this environment to the next.  Each entry
+    is its owner's, checked against the store in the transaction that uses it
+    (``_epoch.all_of``): a memo is never a second source of truth."""
+    __slots__ = ("memo",)
+
+    def __init__(self, items=()):
+        super().__init__(items)
+        self.memo = {}
+
+
 def open_env(index_dir: str, *, create: bool, sync: bool,
-             readonly: bool = False) -> tuple[lmdb.Environment, dict]:
+             readonly: bool = False) -> tuple[lmdb.Environment, Handles]:
     """Open the environment and every named database; check or write the schema version.
 
     Raises ``SchemaTooNew`` for a store written by a newer schema, ``StoreError`` when
@@ -287,13 +313,13 @@ def open_env(index_dir: str, *, create: bool, sync: bool,
         raise StoreError(f"cannot open the index at {index_dir}: {exc}") from exc
     try:
         if readonly:
-            dbs = {name.decode(): _open_db_readonly(env, name, index_dir)
-                   for name in DATABASES}
+            dbs = Handles((name.decode(), _open_db_readonly(env, name, index_dir))
+                          for name in DATABASES)
             _check_version_readonly(env, dbs, index_dir)
             return env, dbs
         # slots of readers whose process died would pin old pages and grow the file
         env.reader_check()
-        dbs = {name.decode(): env.open_db(name) for name in DATABASES}
+        dbs = Handles((name.decode(), env.open_db(name)) for name in DATABASES)
         _check_version(env, dbs, index_dir)
     except BaseException:
         env.close()
@@ -358,7 +384,8 @@ def _check_version(env: lmdb.Environment, dbs: dict, index_dir: str) -> None:
         if found < SCHEMA_VERSION:
             # an older program must now refuse the store: it would take a compressed
             # entry for a missing blob file (2), a sealed value for garbage (3), a
-            # special file's pre-image (4) or a redo epoch (5) for a damaged one
+            # special file's pre-image (4) or a redo epoch (5) for a damaged one, or
+            # change epochs behind a memo (6)
             if found < SEALED_SINCE:
                 _upgrade(txn, dbs)
             txn.put(b"schema", pack(SCHEMA_VERSION))

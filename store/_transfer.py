@@ -121,10 +121,10 @@ def import_into(txn, db, ws: int, hist: History, *, label: str, head,
     now = time.time_ns()
     for e in hist.epochs:
         paths, nbytes = counts.get(e.id, (0, 0))
-        _epoch.put(txn, db, replace(e, id=moved(e.id), workspace=ws, target=moved(e.target),
-                                    ended_ns=e.ended_ns or now, paths=paths, bytes=nbytes))
-        key = S.ws_epoch_key(ws, moved(e.id))
-        txn.put(key, S.seal(key, b""), db=db["ws_epochs"])
+        landed = replace(e, id=moved(e.id), workspace=ws, target=moved(e.target),
+                         ended_ns=e.ended_ns or now, paths=paths, bytes=nbytes)
+        _epoch.put(txn, db, landed)
+        _epoch.add_to_index(txn, db, landed)
     for name, (parent, boundary, created) in hist.sessions.items():
         key = name.encode()
         if txn.get(key, db=db["sessions"]) is None:
@@ -160,8 +160,7 @@ def _drop_empty(txn, db, ws: int) -> None:
     if txn.get(S.u32(ws), db=db["intents"]) is not None:
         raise LearnTargetHasHistory(path=path, reason="an interrupted rewind is pending")
     for e in epochs:
-        txn.delete(S.ws_epoch_key(ws, e.id), db=db["ws_epochs"])
-        txn.delete(S.u64(e.id), db=db["epochs"])
+        _epoch.delete(txn, db, e)
 
 
 def _offset(txn, db, ids: list[int], *, reuse_free: bool = False) -> int:

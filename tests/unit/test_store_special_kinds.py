@@ -69,5 +69,5 @@ def test_a_schema_3_store_reads_as_before_and_is_upgraded(store_path, tmp_path):
         assert dict(s.journal(ws, e.id)) == {b"f": file_img, b"p": IMAGES[b"p"],
                                              b"gone": PreImage.ABSENT}
         with s._r() as txn:
-            assert S.unpack(txn.get(b"schema", db=s._db["meta"])) == S.SCHEMA_VERSION == 5
+            assert S.unpack(txn.get(b"schema", db=s._db["meta"])) == S.SCHEMA_VERSION == 6
         assert_sound(s)

@@ -611,8 +611,8 @@ export class RewindfsService {
       // where a rewind took this session's own files away (its title is marked) and no
       // /redo here brings them back, the header offers /rewind own instead.  Asked for
       // marked sessions only:
-      // own.state decodes every epoch of the workspace (20,000 turns: ~0.23 s in the
-      // daemon), and the header asks on every new transcript row.
+      // own.state walks every epoch of the workspace (20,000 turns: ~10 ms in the
+      // daemon, docs/store.md), and the header asks on every new transcript row.
       const own = this.isMarked(id) ? await this.ownFilesOf(id) : NO_OWN;
       // a mark this process could not move when the files came back (the session was
       // not attached then, the server was stopped in the middle of the command) goes
