@@ -6,7 +6,9 @@
   they were not rewound, and must say what finishes it.
 - The web server stopped with Ctrl-C while the daemon lands (``REWINDFS_PAUSE_AFTER``
   holds the landing): the daemon finishes the rewind alone; the ↩ mark the dead
-  server could not take off goes when the session's header asks next.
+  server could not take off goes when the session's header asks next, and the fork
+  whose files went away, which the dead server could not mark, is marked when its
+  header asks.
 """
 
 from __future__ import annotations
@@ -44,10 +46,10 @@ const result = await service.rewindOwn({ id: 'p', session: sessions.get('p') });
 console.log(JSON.stringify({ result, titles: Object.fromEntries(titles) }));
 """
 
-# the same service, later: what session p's header asks (its redo state)
+# the same service, later: what session p's header asks (its redo state), and c's
 HEADER = SCRIPT.replace(
     "const result = await service.rewindOwn({ id: 'p', session: sessions.get('p') });",
-    "const result = await service.redoState('p');")
+    "const result = await service.redoState(process.argv[4]);")
 
 
 def history(ws, store) -> dict:
@@ -69,6 +71,14 @@ def history(ws, store) -> dict:
         (ws / "c.txt").write_text("c's\n")
         m.call("turn.end")
     return mine
+
+
+def header(node, script, store, ws, session) -> dict:
+    """What session's header gets from the service, and the titles after it."""
+    proc = subprocess.run([node, str(script), str(store), str(ws), session],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.splitlines()[-1])
 
 
 def scripts(tmp_path) -> dict:
@@ -129,9 +139,10 @@ def test_ctrl_c_of_the_server_in_a_rewind_own_leaves_the_files_landed_and_the_ma
         while compare(mine, snapshot(ws)) != []:   # the daemon lands the rest alone
             assert time.monotonic() < deadline
             time.sleep(0.05)
-        proc = subprocess.run([paths["NODE_BIN"], str(run["header"]), str(store), str(ws)],
-                              capture_output=True, text=True, timeout=120)
-        assert proc.returncode == 0, proc.stderr
-        out = json.loads(proc.stdout.splitlines()[-1])
+        out = header(paths["NODE_BIN"], run["header"], store, ws, "p")
         assert out["result"]["value"]["canRedo"] is True, out   # its /redo gives c's back
         assert out["titles"]["p"] == "work", out                 # the ↩ mark went
+        # c's turn 2 is what the rewind took away: c is marked, and shown the way back
+        out = header(paths["NODE_BIN"], run["header"], store, ws, "c")
+        assert out["titles"]["c"] == "↩ work", out
+        assert out["result"]["value"]["own"]["from"] == "p", out

@@ -608,16 +608,17 @@ export class RewindfsService {
       // buried under a newer rewind) what it undid is no longer the news
       const landed = this.landedIn.get(id);
       const notice = canRedo && landed?.rewind === result.rewind ? landed.notice : undefined;
-      // where a rewind took this session's own files away (its title is marked) and no
-      // /redo here brings them back, the header offers /rewind own instead.  Asked for
-      // marked sessions only:
-      // own.state walks every epoch of the workspace (20,000 turns: ~10 ms in the
-      // daemon, docs/store.md), and the header asks on every new transcript row.
-      const own = this.isMarked(id) ? await this.ownFilesOf(id) : NO_OWN;
-      // a mark this process could not move when the files came back (the session was
-      // not attached then, the server was stopped in the middle of the command) goes
-      // when the session is looked at
+      // where a rewind took this session's own files away and no /redo here brings
+      // them back, the header offers /rewind own instead.  Asked of every session: the
+      // store keeps the workspace's epochs between questions (docs/store.md; 20,000
+      // turns: ~10 ms in the daemon), and the header asks on every new transcript row.
+      const own = await this.ownFilesOf(id);
+      // the ↩ mark follows: one this process could not move when the files went or
+      // came back (the session was not attached then, the files went by another
+      // session's /rewind own, a `rewindfs rewind`, or the server was stopped in the
+      // middle of the command) moves when the session is looked at
       if (own.state === 'here') this.retitle(this.sessionNamed(id), unmarkedTitle);
+      else if (own.state === 'away') this.markRewound(this.sessionNamed(id));
       const back = canRedo || own.left == null ? undefined : { left: own.left, ...(own.holder == null ? {} : { from: own.holder }) };
       return ok({ session: id, canRedo, ...(result.rewind == null ? {} : { rewind: result.rewind }), ...(result.reason == null ? {} : { reason: result.reason }), ...(notice === undefined ? {} : { landed: notice }), ...(back === undefined ? {} : { own: back }) });
     } catch (error) {

@@ -110,19 +110,32 @@ test('/redo with nothing to redo in a session rewound away points at /rewind own
     if (req.method === 'redo.state') return { can_redo: false, rewind: null, reason: 'nothing to redo' };
     return {};
   };
-  await scripted(daemon, async (path, seen) => {
+  await scripted(daemon, async (path) => {
     const titles = new Map([['p', 'work']]);
     const service = serviceWith(path, titles);
     const r = await service.redo({ id: 'p', session: service.sessionNamed('p') });
     assert.equal(r.refusal.code, 'nothing-to-redo');
     assert.match(r.refusal.message, /this session's own files were rewound away: \/rewind own puts them back$/);
-    // the header asks where the own files are only for a session marked ↩
-    const asked = () => seen.filter((req) => req.method === 'own.state').length;
-    const before = asked();
-    assert.equal((await service.redoState('p')).value.own, undefined);
-    assert.equal(asked(), before);
-    titles.set('p', '↩ work');
+    // its header offers the way back
     assert.deepEqual((await service.redoState('p')).value.own, { left: 4, from: 'c' });
+  });
+});
+
+test('a session whose files went away while it was not attached is marked ↩ when it is looked at', async () => {
+  // a `rewindfs rewind`, another session's /rewind own, or a server stopped before it
+  // marked anything: the daemon says where the files are, the mark follows
+  const daemon = async (req) => {
+    if (req.method === 'own.state') return { sessions: { c: away(2, 6, 'p') } };
+    if (req.method === 'redo.state') return { can_redo: false, rewind: null, reason: 'nothing to redo' };
+    return {};
+  };
+  await scripted(daemon, async (path) => {
+    const titles = new Map([['p', 'work'], ['c', 'work']]);
+    const service = serviceWith(path, titles);
+    const state = (await service.redoState('c')).value;
+    assert.deepEqual(state.own, { left: 6, from: 'p' });
+    assert.equal(titles.get('c'), '↩ work');
+    assert.equal(titles.get('p'), 'work');
   });
 });
 
