@@ -119,3 +119,26 @@ test('a learning the daemon refuses leaves the point unknown and says why', asyn
     assert.deepEqual(methods(requests), ['points', 'remote.learn']);
   });
 });
+
+test('a ↺ rewind whose daemon dies after it was sent says it may have landed, and what finishes or undoes it', async () => {
+  // the intent is in the store before the first path lands (the daemon's side:
+  // tests/e2e/test_plugin_killed_rewind.py); the plugin cannot know how far it got
+  const daemon = async (req, conn) => {
+    if (req.method === 'points') return { points: [{ epoch: 12, kind: 'turn', session: 's1', turn: 2, label: 'grow' }] };
+    if (req.method === 'rewind' && !req.params.dry_run) {
+      conn.destroy();
+      return {};
+    }
+    return req.method === 'rewind' ? { dry_run: true } : {};
+  };
+  await scripted(daemon, async (path, requests) => {
+    const { svc } = service(path, {}, forkingCtx());
+    const r = await svc.rewind(agent('s1'), 2, { into: 'child-1' });
+    assert.equal(r.ok, false);
+    assert.equal(r.refusal.code, 'connection-lost', JSON.stringify(r));
+    assert.doesNotMatch(r.refusal.message, /not rewound/);
+    assert.match(r.refusal.message, /the files may be rewound in part, or still landing; if the daemon died, `rewindfs mount --recover \/` finishes the rewind/);
+    assert.match(r.refusal.message, /the forked session child-1 was discarded; `rewindfs redo --session child-1` undoes the rewind$/);
+    assert.deepEqual(methods(requests), ['points', 'rewind', 'fork', 'rewind']);
+  });
+});

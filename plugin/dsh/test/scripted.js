@@ -8,7 +8,8 @@ import { join } from 'node:path';
 
 /**
  * Run `body(socketPath, seen)` against a scripted socket.
- * @param {(req: object) => object|Promise<object>} handle - the answer to one request.
+ * @param {(req: object, conn: import('node:net').Socket) => object|Promise<object>} handle -
+ *   the answer to one request (`conn.destroy()` there: a daemon that dies holding it).
  * @param {(path: string, seen: unknown[]) => Promise<void>} body - the test.
  * @param {(req: object) => unknown} [record] - what `seen` keeps of each request
  *   (default `{method, params}`).
@@ -27,7 +28,7 @@ export async function scripted(handle, body, record = (req) => ({ method: req.me
         const req = JSON.parse(buf.slice(0, nl));
         buf = buf.slice(nl + 1);
         seen.push(record(req));
-        const result = await handle(req);
+        const result = await handle(req, conn);
         const reply = result?.error ? { ok: false, error: result.error } : { ok: true, result };
         if (!conn.destroyed) conn.write(`${JSON.stringify({ v: 1, id: req.id, ...reply })}\n`);
       }
