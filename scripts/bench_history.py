@@ -8,7 +8,8 @@ worker thread that competes with the FUSE handlers for the interpreter.  This sc
 makes a workspace with ``--turns`` turns (two sessions taking turns, as the plugin
 marks them, no files changed), mounts it, and prints:
 
-- ``redo.state`` and ``own.state``, ms per call (median of ``--calls``);
+- ``redo.state`` and ``own.state``, and ``points`` (the web UI's tooltips, asked after
+  every turn), ms per call (median of ``--calls``);
 - ``--files`` small creates through the mount (written, closed; a fresh directory per
   run), bare, through the mount, and through the mount while another process asks
   both questions every ``--every`` ms (a transcript streaming rows; 0: as fast as the
@@ -101,8 +102,10 @@ def main() -> None:
                                     str(ws)))["socket"]
         redo = _ms_per_call(sock, "redo.state", {"session": "a"}, args.calls)
         own = _ms_per_call(sock, "own.state", {"sessions": ["a", "b"]}, args.calls)
-        print(f"redo.state {redo:.1f} ms, own.state {own:.1f} ms per call "
-              f"(median of {args.calls})")
+        pts = _ms_per_call(sock, "points", {"session": "a"}, args.calls)
+        print(f"redo.state {redo:.1f} ms, own.state {own:.1f} ms, points of a session "
+              f"of {(args.turns + 1) // 2:,} turns {pts:.1f} ms per call (median of "
+              f"{args.calls})")
         native = _creates(bare / "c", args.files)
         quiet = _creates(ws / "quiet", args.files)
         poller = subprocess.Popen([sys.executable, "-c", _POLLER, sock, str(args.every)])

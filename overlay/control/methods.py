@@ -120,7 +120,10 @@ async def status(ctx: DaemonHost, params: dict, emit) -> dict:
 
 async def points(ctx: DaemonHost, params: dict, emit) -> dict:
     session = opt_str(params, "session", "points")
-    return {"points": [e.as_point() for e in ctx.store.points(ctx.ws, session)]}
+    # off the FUSE thread, like history: a session of 10,000 turns is 10,000 points,
+    # and the web UI asks again after every turn
+    found = await trio.to_thread.run_sync(ctx.store.points, ctx.ws, session)
+    return {"points": [e.as_point() for e in found]}
 
 
 async def fork(ctx: DaemonHost, params: dict, emit) -> dict:
