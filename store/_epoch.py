@@ -6,13 +6,15 @@ even with several processes writing.  A workspace's newest epoch is always its o
 one (``ended_ns is None``); every other epoch is closed.  Opening an epoch closes the
 previous one in the same transaction.
 
-Every write here but a capture's counters (``add_counts``, on the open epoch) and every
-removal (``delete``) renews the workspace's token ``meta/epochs\\0<ws>`` in the same
-transaction.  So while the token is unchanged the workspace's epochs are the same
-records but for the newest one's counters, which is what lets ``all_of`` answer from
-its memo after one read of the token and one of the newest epoch — a UI asks on every
-render, and decoding 40,000 epochs took ~0.2 s (docs/benchmarks.md).  No module writes
-the ``epochs`` or ``ws_epochs`` databases but this one.
+Every change here but an append renews the workspace's token ``meta/epochs\\0<ws>`` in
+the same transaction: an epoch imported or put back (``put``, ``add_to_index``) or
+removed (``delete``).  An append (``open_new``: the newest epoch closed, a new one
+after it) and a capture's counters (``add_counts``, on the open epoch) renew nothing.
+So while the token is unchanged, every epoch but the newest one that a reader saw is
+the same record, and epochs after it may have come: ``all_of`` answers from its memo
+after reading the token, that newest epoch and those after it — a UI asks on every
+render, and decoding 40,000 epochs took ~0.2 s (docs/store.md).  No module writes the
+``epochs`` or ``ws_epochs`` databases but this one.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import time
 from dataclasses import dataclass, replace
 
 from . import _schema as S
+from . import _txn
 from ._errors import UnknownPoint
 
 # ``rewind``: restored point ``target``; ``session`` is its owner (None: the workspace's
@@ -133,10 +136,14 @@ def _write(txn, db, e: Epoch) -> None:
 
 
 def add_to_index(txn, db, e: Epoch) -> None:
-    """Name ``e`` in its workspace's epoch list (``ws_epochs``)."""
+    """Name ``e`` in its workspace's epoch list (``ws_epochs``), anywhere in it."""
+    _index(txn, db, e)
+    _renew_token(txn, db, e.workspace)
+
+
+def _index(txn, db, e: Epoch) -> None:
     key = S.ws_epoch_key(e.workspace, e.id)
     txn.put(key, S.seal(key, b""), db=db["ws_epochs"])
-    _renew_token(txn, db, e.workspace)
 
 
 def delete(txn, db, e: Epoch) -> None:
@@ -177,12 +184,12 @@ def every(txn, db):
         yield decode(key, raw)
 
 
-def ids_of(txn, db, ws: int):
-    """Yield, ascending, the epoch ids the workspace index names for ``ws`` (each
-    index entry verified: ``IndexCorrupt``)."""
+def ids_of(txn, db, ws: int, first: int = 0):
+    """Yield, ascending, the epoch ids from ``first`` on that the workspace index names
+    for ``ws`` (each index entry verified: ``IndexCorrupt``)."""
     cur = txn.cursor(db=db["ws_epochs"])
     prefix = S.u32(ws)
-    if cur.set_range(prefix):
+    if cur.set_range(S.ws_epoch_key(ws, first)):
         for key, raw in cur:
             if key[:4] != prefix:
                 return
@@ -193,29 +200,39 @@ def ids_of(txn, db, ws: int):
 def all_of(txn, db, ws: int) -> list[Epoch]:
     """Every epoch of ``ws``, by id.  An index key whose epoch record is gone (damage
     that fsck reports, see ``_check``) is skipped, so callers never see ``None``.
-    Answered from the memo of ``db`` while the workspace's token is the one it was
-    made under (module docstring), with the newest epoch read again."""
+    While the workspace's token is the one the memo of ``db`` was made under (module
+    docstring), the memo's epochs up to its newest one are taken as they are, and that
+    one and every epoch after it are read again."""
     token = txn.get(S.epochs_token_key(ws), db=db["meta"])
     memo = getattr(db, "memo", None)
     hit = None if memo is None or token is None else memo.get(("epochs", ws))
-    if hit is not None and hit[0] == token:
-        epochs = list(hit[1])
-        newest = get(txn, db, epochs[-1].id) if epochs else None
-        if newest is not None or not epochs:
-            if epochs:
-                epochs[-1] = newest
-            return epochs
-    epochs = [e for e in (get(txn, db, eid) for eid in ids_of(txn, db, ws)) if e is not None]
-    if memo is not None and token is not None:
+    epochs = None
+    if hit is not None and hit[0] == token and hit[1]:
+        kept = hit[1]
+        tail = _from(txn, db, ws, kept[-1].id)
+        if tail and tail[0].id == kept[-1].id:
+            epochs = [*kept[:-1], *tail]
+    if epochs is None:
+        epochs = _from(txn, db, ws, 0)
+    # only committed state is kept: a write transaction may still abort, and what it
+    # saw (an epoch it opened, the one it closed) would then be taken for the store's
+    if memo is not None and token is not None and _txn.is_snapshot(txn):
         memo[("epochs", ws)] = (bytes(token), tuple(epochs))
     return epochs
 
 
+def _from(txn, db, ws: int, first: int) -> list[Epoch]:
+    """The epochs of ``ws`` from id ``first`` on, by id (missing records skipped)."""
+    return [e for e in (get(txn, db, eid) for eid in ids_of(txn, db, ws, first))
+            if e is not None]
+
+
 def close(txn, db, e: Epoch) -> Epoch:
+    """Close ``e``, the workspace's newest epoch (the only one ever open)."""
     if e.ended_ns is not None:
         return e
     e = replace(e, ended_ns=time.time_ns())
-    put(txn, db, e)
+    _write(txn, db, e)      # the newest epoch closed: all_of reads it again anyway
     return e
 
 
@@ -229,8 +246,10 @@ def open_new(txn, db, ws: int, kind: str, *, session=None, turn=None, label="",
     eid = next_id(txn, db)
     txn.put(b"next_epoch", S.dump(b"next_epoch", eid + 1), db=meta)
     e = Epoch(eid, ws, kind, session, turn, label, time.time_ns(), None, 0, 0, target)
-    put(txn, db, e)
-    add_to_index(txn, db, e)
+    _write(txn, db, e)      # an append: no new token (module docstring) …
+    _index(txn, db, e)
+    if txn.get(S.epochs_token_key(ws), db=meta) is None:
+        _renew_token(txn, db, ws)     # … but a first one, for a store from before it
     return e
 
 

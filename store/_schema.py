@@ -20,8 +20,8 @@ version can read it and refuse a newer store.
 Schema (``SCHEMA_VERSION`` = 6; 2 added ``INLINE_ZSTD``, 3 sealed every value, 4 added
 the pre-image kinds socket/chardev/blockdev and a pre-image's ``rdev`` — no value
 changes, a version-3 journal value decodes as before; 5 added the epoch kind ``redo``
-— no value changes either; 6 added ``meta/epochs\\0<ws>``, written with every change
-of a workspace's epochs; an older store is upgraded in place when opened, see
+— no value changes either; 6 added ``meta/epochs\\0<ws>``, renewed with every change
+of a workspace's epochs but an append; an older store is upgraded in place when opened, see
 ``_upgrade``)::
 
     meta        key: ascii name                      value: msgpack
@@ -30,9 +30,10 @@ of a workspace's epochs; an older store is upgraded in place when opened, see
                   b"next_ws"     -> int  next workspace id
                   b"epochs\\0" + ws u32
                                  -> bytes  8 random bytes, new whenever the workspace's
-                                           epoch list changes in any way but the open
-                                           epoch's counters (what ``_epoch.all_of``'s
-                                           memo is checked against; absent: no memo)
+                                           epoch list changes other than by an append
+                                           or the open epoch's counters (what
+                                           ``_epoch.all_of``'s memo is checked against;
+                                           absent: no memo; written with the first epoch)
     workspaces  key: xxh3_128(real_path) (16 B)      value: [ws_id, real_path]
     ws_paths    key: ws u32                          value: real_path (bytes)
     epochs      key: epoch u64                       value: [ws, kind, session, turn, label,
@@ -103,7 +104,7 @@ SEALED_SINCE = 3
 # 5: the epoch kind ``redo`` (``_epoch.KINDS``).  Nothing to rewrite; a version-4
 # program must refuse the store: it would take a redo epoch for a damaged record.
 # 6: ``meta/epochs\0<ws>`` (``_epoch``).  Nothing to rewrite (absent: no memo until the
-# next change); a version-5 program must refuse the store: it would change epochs
+# workspace's next epoch); a version-5 program must refuse the store: it would change epochs
 # without renewing it, and a memo checked against it would go stale.
 CHECKSUM = 8                      # bytes of xxh3-64 after every sealed value
 UNSEALED = (b"blobs",)            # and meta/schema (see the module docstring)

@@ -322,7 +322,9 @@ class Store:
         if session is None:
             return self.epochs(ws)
         with self._r() as txn:
-            return [_epoch.get_known(txn, self._db, eid)
+            # the workspace's epochs as all_of keeps them, not one decode per point
+            known = {e.id: e for e in _epoch.all_of(txn, self._db, ws)}
+            return [known.get(eid) or _epoch.get_known(txn, self._db, eid)
                     for _turn, eid in _session.points(txn, self._db, ws, session)]
 
     def epoch(self, epoch_id) -> _epoch.Epoch:

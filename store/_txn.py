@@ -119,11 +119,27 @@ class read(_Transaction):
 
     __slots__ = ()
 
+    def __enter__(self) -> lmdb.Transaction:
+        txn = super().__enter__()
+        _reading.txn = txn
+        return txn
+
     def __exit__(self, typ, exc, tb) -> bool:
+        _reading.txn = None
         self.txn.abort()       # a read transaction has nothing to commit
         if typ is not None:
             _raise_as_store_error(exc)
         return False
+
+
+# The read transaction this thread is in (``read``), so that a memo is filled only from
+# committed state: what a write transaction sees may still be aborted.
+_reading = threading.local()
+
+
+def is_snapshot(txn) -> bool:
+    """``txn`` is a read transaction of ``read`` (committed state only)."""
+    return getattr(_reading, "txn", None) is txn
 
 
 class _Pending:
