@@ -154,8 +154,8 @@ def delete(txn, db, e: Epoch) -> None:
 
 
 def _renew_token(txn, db, ws: int) -> None:
-    # random, not a counter: a write transaction that aborts after renewing it may
-    # leave its number in a memo, and a counter would hand the next one the same
+    # random, not a counter: no read of the old value, and no two renewals alike,
+    # whichever processes make them
     key = S.epochs_token_key(ws)
     txn.put(key, S.dump(key, os.urandom(8)), db=db["meta"])
 
