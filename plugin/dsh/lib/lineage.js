@@ -48,9 +48,15 @@ export function checkFreshFork(child, parentId, turn) {
   return { ok: true };
 }
 
-/** `title` with the rewound prefix (once). */
+/**
+ * `title` with the rewound prefix (once).  A session without a title stays without:
+ * the harness trims a title's end, so `↩ ` alone would be stored as `↩`, which no
+ * unmarking recognises — the mark would stay for good (the header still says where
+ * the files are).
+ */
 export function markedTitle(title) {
   const text = title ?? '';
+  if (text.trim() === '') return text;
   return text.startsWith(REWOUND_PREFIX) ? text : `${REWOUND_PREFIX}${text}`;
 }
 

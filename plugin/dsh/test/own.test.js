@@ -139,6 +139,20 @@ test('a session whose files went away while it was not attached is marked ↩ wh
   });
 });
 
+test('a session without a title whose files went away gets no title of "↩" alone, and its header still offers the way back', async () => {
+  const daemon = async (req) => {
+    if (req.method === 'own.state') return { sessions: { c: away(2, 6, 'p') } };
+    if (req.method === 'redo.state') return { can_redo: false, rewind: null, reason: 'nothing to redo' };
+    return {};
+  };
+  await scripted(daemon, async (path) => {
+    const titles = new Map([['p', 'work']]);       // c: no title (its first prompt gave none)
+    const service = serviceWith(path, titles);
+    assert.deepEqual((await service.redoState('c')).value.own, { left: 6, from: 'p' });
+    assert.equal(titles.has('c'), false);
+  });
+});
+
 test('a ↩ mark left behind while the session was not attached goes when it is looked at', async () => {
   const daemon = async (req) => {
     if (req.method === 'own.state') return { sessions: { p: here(2) } };

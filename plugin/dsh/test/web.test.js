@@ -209,6 +209,9 @@ test('the rewound mark goes on once and comes off', () => {
   assert.equal(REWOUND_PREFIX, '↩ ');
   assert.equal(markedTitle('fix auth'), '↩ fix auth');
   assert.equal(markedTitle('↩ fix auth'), '↩ fix auth');
+  // no title, nothing to mark: the harness would store "↩ " trimmed, as "↩", for good
+  assert.equal(markedTitle(''), '');
+  assert.equal(markedTitle(undefined), '');
   assert.equal(unmarkedTitle('↩ fix auth'), 'fix auth');
   assert.equal(unmarkedTitle('fix auth'), 'fix auth');
 });
