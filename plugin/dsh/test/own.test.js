@@ -121,15 +121,19 @@ test('/redo with nothing to redo in a session rewound away points at /rewind own
   });
 });
 
-test('a session whose files went away while it was not attached is marked ↩ when it is looked at', async () => {
-  // a `rewindfs rewind`, another session's /rewind own, or a server stopped before it
-  // marked anything: the daemon says where the files are, the mark follows
-  const daemon = async (req) => {
-    if (req.method === 'own.state') return { sessions: { c: away(2, 6, 'p') } };
+/** A daemon answering a header's two questions: nothing to redo; `where` for own.state. */
+function headerDaemon(where) {
+  return async (req) => {
+    if (req.method === 'own.state') return { sessions: where };
     if (req.method === 'redo.state') return { can_redo: false, rewind: null, reason: 'nothing to redo' };
     return {};
   };
-  await scripted(daemon, async (path) => {
+}
+
+test('a session whose files went away while it was not attached is marked ↩ when it is looked at', async () => {
+  // a `rewindfs rewind`, another session's /rewind own, or a server stopped before it
+  // marked anything: the daemon says where the files are, the mark follows
+  await scripted(headerDaemon({ c: away(2, 6, 'p') }), async (path) => {
     const titles = new Map([['p', 'work'], ['c', 'work']]);
     const service = serviceWith(path, titles);
     const state = (await service.redoState('c')).value;
@@ -140,12 +144,7 @@ test('a session whose files went away while it was not attached is marked ↩ wh
 });
 
 test('a session without a title whose files went away gets no title of "↩" alone, and its header still offers the way back', async () => {
-  const daemon = async (req) => {
-    if (req.method === 'own.state') return { sessions: { c: away(2, 6, 'p') } };
-    if (req.method === 'redo.state') return { can_redo: false, rewind: null, reason: 'nothing to redo' };
-    return {};
-  };
-  await scripted(daemon, async (path) => {
+  await scripted(headerDaemon({ c: away(2, 6, 'p') }), async (path) => {
     const titles = new Map([['p', 'work']]);       // c: no title (its first prompt gave none)
     const service = serviceWith(path, titles);
     assert.deepEqual((await service.redoState('c')).value.own, { left: 6, from: 'p' });
@@ -154,12 +153,7 @@ test('a session without a title whose files went away gets no title of "↩" alo
 });
 
 test('a ↩ mark left behind while the session was not attached goes when it is looked at', async () => {
-  const daemon = async (req) => {
-    if (req.method === 'own.state') return { sessions: { p: here(2) } };
-    if (req.method === 'redo.state') return { can_redo: false, rewind: null, reason: 'nothing to redo' };
-    return {};
-  };
-  await scripted(daemon, async (path) => {
+  await scripted(headerDaemon({ p: here(2) }), async (path) => {
     const titles = new Map([['p', '↩ work']]);
     const service = serviceWith(path, titles);
     const state = (await service.redoState('p')).value;
